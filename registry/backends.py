@@ -1,0 +1,208 @@
+"""Backends: where the push and pull pipelines send their catalog and store operations.
+
+``LocalBackend`` pairs a SQL catalog with an object store; the embedded registry and the server
+both run on it, so each operation has one implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import manifest as mf
+from ._progress import transfer
+from .cache import BlobCache, VerifiedFiles
+from .catalog.records import VersionRecord
+from .errors import NotFoundError
+from .refs import Ref
+from .settings import Settings
+from .store import ObjectStore, open_store
+
+if TYPE_CHECKING:
+    from .catalog.repository import Catalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What ``gc`` removed."""
+
+    deleted: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    kept: int = 0
+    stale_pushes: int = 0
+
+
+class LocalBackend:
+    """A SQL catalog plus an object store, driven in-process."""
+
+    def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.cache = BlobCache(cache_dir)
+        self.verified = VerifiedFiles(cache_dir / "verified")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
+                      store: ObjectStore | None = None) -> LocalBackend:
+        if catalog is None:
+            from .catalog.repository import Catalog
+
+            catalog = Catalog(settings.catalog_url, auto_migrate=settings.auto_migrate)
+        return cls(
+            catalog,
+            store or open_store(settings.store_url, settings),
+            settings.cache_dir,
+        )
+
+    def staging_dir(self) -> Path:
+        """Where a push serializes, chosen so that handing the file to the store is a rename."""
+        staging = getattr(self.store, "staging_dir", None)
+        return staging if isinstance(staging, Path) else self.cache.tmp_dir()
+
+    # -- push -----------------------------------------------------------------------------
+
+    def push(
+        self,
+        name: str,
+        version: int | None,
+        blob: Path,
+        digest: str,
+        size: int,
+        manifest_for: Callable[[int], dict[str, Any]],
+        tags: dict[str, str],
+        aliases: Iterable[str],
+    ) -> VersionRecord:
+        """Reserve a number, upload the blob, write the manifest, then make the version visible."""
+        number = self.catalog.reserve(name, version, digest, size)
+        try:
+            key = mf.blob_key(digest)
+            if self.store.has(key) != size:
+                self.store.put_file(key, blob, move=True)
+                local = self.store.open_local(key)
+                if local is not None:
+                    self.verified.remember(local, digest)  # push hashed these very bytes
+            manifest = manifest_for(number)
+            self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
+            record = self.catalog.commit(name, number, manifest, tags, aliases)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.catalog.abort(name, number)
+                self.store.delete(mf.manifest_key(name, number))
+            raise
+        if record.aliases:
+            self._write_aliases(name)
+        return record
+
+    # -- pull -----------------------------------------------------------------------------
+
+    def resolve(self, ref: Ref) -> VersionRecord:
+        return self.catalog.resolve(ref)
+
+    def blob_path(self, digest: str, size: int) -> Path:
+        """A local path holding verified bytes of ``digest``: in place, or in the cache."""
+        key = mf.blob_key(digest)
+        local = self.store.open_local(key)
+        if local is not None:
+            self.verified.verify(local, digest, what="stored blob")
+            return local
+
+        def download(tmp: Path) -> None:
+            with transfer(size, f"pull {digest[7:19]}") as progress:
+                self.store.get_to_file(key, tmp, progress=progress)
+
+        return self.cache.get(digest, download)
+
+    # -- reads and changes ----------------------------------------------------------------
+
+    def list_models(self) -> list[str]:
+        return self.catalog.list_models()
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        return self.catalog.list_versions(name)
+
+    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
+        record = self.catalog.set_alias(name, alias, version)
+        self._write_aliases(name)
+        return record
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self.catalog.delete_alias(name, alias)
+        self._write_aliases(name)
+
+    def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
+        record = self.catalog.set_tags(name, version, tags)
+        # The store copy of the manifest carries the tags too, so a rebuild restores them.
+        self.store.put_bytes(mf.manifest_key(name, version),
+                             mf.dumps({**record.manifest, "tags": record.tags}))
+        return record
+
+    def delete_version(self, name: str, version: int) -> VersionRecord:
+        record = self.catalog.delete_version(name, version)
+        self.store.put_bytes(mf.tombstone_key(name, version), b"")
+        self.store.delete(mf.manifest_key(name, version))
+        self._write_aliases(name, allow_missing=True)
+        return record
+
+    def _write_aliases(self, name: str, *, allow_missing: bool = False) -> None:
+        try:
+            table = self.catalog.aliases(name)
+        except NotFoundError:
+            if not allow_missing:
+                raise
+            table = {}
+        self.store.put_bytes(mf.aliases_key(name), json.dumps(table, sort_keys=True).encode())
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def gc(self, *, pending_grace: timedelta = timedelta(hours=6)) -> GcReport:
+        """Delete blobs no version references (in the store and in the local cache)."""
+        stale = self.catalog.drop_stale_pending(older_than=pending_grace)
+        keep = self.catalog.referenced_digests(pending_grace=pending_grace)
+        deleted: list[str] = []
+        freed = 0
+        kept = 0
+        for key in list(self.store.list("blobs/")):
+            digest = _digest_of(key)
+            if digest in keep:
+                kept += 1
+                continue
+            freed += self.store.has(key) or 0
+            self.store.delete(key)
+            deleted.append(digest)
+        cache_blobs = self.cache.root / "blobs"
+        if cache_blobs.is_dir():
+            for path in cache_blobs.glob("*/*"):
+                if f"{path.parent.name}:{path.name}" not in keep:
+                    path.unlink(missing_ok=True)
+        log.info("gc deleted %d blobs (%d bytes), kept %d", len(deleted), freed, kept)
+        return GcReport(deleted, freed, kept, stale)
+
+    def rebuild(self) -> int:
+        """Rebuild the catalog from the store alone; return the number of versions restored."""
+        manifests: list[dict[str, Any]] = []
+        retired: list[tuple[str, int]] = []
+        for key in self.store.list("manifests/"):
+            _, name, file = key.split("/", 2)
+            if file.endswith(".json"):
+                manifests.append(mf.loads(self.store.get_bytes(key), origin=key))
+            elif file.endswith(".deleted"):
+                retired.append((name, int(file.removeprefix("v").removesuffix(".deleted"))))
+        aliases: dict[str, dict[str, int]] = {}
+        for key in self.store.list("aliases/"):
+            name = key.removeprefix("aliases/").removesuffix(".json")
+            aliases[name] = json.loads(self.store.get_bytes(key))
+        manifests.sort(key=lambda m: (m["name"], m["version"]))
+        return self.catalog.restore(manifests, retired, aliases)
+
+
+def _digest_of(key: str) -> str:
+    _, algorithm, hexdigest = key.split("/", 2)
+    return f"{algorithm}:{hexdigest}"

@@ -1,0 +1,126 @@
+"""The content-addressed local cache, and the memo of files already verified.
+
+Layout under the cache directory (as huggingface_hub's ``blobs/``)::
+
+    blobs/sha256/<hex>     read-only, verified copies of remote blobs
+    tmp/                   downloads in progress; renamed into blobs/ only after verification
+    verified/<hex>-<id>    memo: (size, mtime, ctime, inode) of a file whose hash matched
+
+A file is loaded only after its sha256 matched, either now or when the memo was written for the
+same size, mtime, ctime and inode. Any change to the file (even one that restores the mtime
+changes the ctime) makes it be hashed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import DigestMismatchError
+from .serialize import sha256_file
+
+
+def _identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+class VerifiedFiles:
+    """Remembers which files were hashed and matched, so a hot pull does not rehash them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _memo(self, path: Path, digest: str) -> Path:
+        tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+        return self.root / f"{digest.partition(':')[2]}-{tag}"
+
+    def is_verified(self, path: Path, digest: str) -> bool:
+        memo = self._memo(path, digest)
+        try:
+            return bool(json.loads(memo.read_text()) == _identity(path))
+        except (OSError, ValueError):
+            return False
+
+    def remember(self, path: Path, digest: str) -> None:
+        memo = self._memo(path, digest)
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".memo-")
+            with os.fdopen(fd, "w") as fh:
+                json.dump(_identity(path), fh)
+            os.replace(tmp, memo)
+        except OSError:
+            pass  # a memo is an optimisation: without it the file is simply hashed again
+
+    def forget(self, path: Path, digest: str) -> None:
+        self._memo(path, digest).unlink(missing_ok=True)
+
+    def verify(self, path: Path, digest: str, *, what: str) -> None:
+        """Raise DigestMismatchError unless ``path`` hashes to ``digest`` (memo first)."""
+        if self.is_verified(path, digest):
+            return
+        actual = sha256_file(path)
+        if actual != digest:
+            self.forget(path, digest)
+            raise DigestMismatchError(
+                f"{what} {path} is corrupt: its sha256 is {actual}, expected {digest}; "
+                "it was not loaded"
+            )
+        self.remember(path, digest)
+
+
+class BlobCache:
+    """Verified local copies of blobs fetched from a remote store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.verified = VerifiedFiles(root / "verified")
+
+    def path(self, digest: str) -> Path:
+        algorithm, _, hexdigest = digest.partition(":")
+        return self.root / "blobs" / algorithm / hexdigest
+
+    def tmp_dir(self) -> Path:
+        path = self.root / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def get(self, digest: str, download: Callable[[Path], None]) -> Path:
+        """A verified local path for ``digest``, calling ``download(tmp_path)`` only if needed."""
+        target = self.path(digest)
+        if target.exists():
+            try:
+                self.verified.verify(target, digest, what="cached blob")
+                return target
+            except DigestMismatchError:
+                _remove(target)  # a corrupt cache entry is discarded and fetched again
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.tmp_dir(), prefix=f"{digest.partition(':')[2][:16]}-")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            download(tmp)
+            actual = sha256_file(tmp)
+            if actual != digest:
+                raise DigestMismatchError(
+                    f"downloaded blob {digest} hashes to {actual}: the store copy is corrupt or "
+                    "changed in transit; it was discarded and not loaded"
+                )
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.verified.remember(target, digest)
+        return target
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, 0o644)
+        path.unlink()

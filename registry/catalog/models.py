@@ -1,0 +1,67 @@
+"""SQLAlchemy 2.0 tables of the catalog. Every table is prefixed ``registry_`` so the catalog
+can share a database with other applications (MLflow keeps its own database regardless)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+PENDING, READY, DELETED = "pending", "ready", "deleted"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ModelRow(Base):
+    __tablename__ = "registry_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    # The highest number ever handed out: numbers of deleted versions are never reused.
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class VersionRow(Base):
+    __tablename__ = "registry_versions"
+    __table_args__ = (
+        UniqueConstraint("model_id", "version", name="uq_registry_versions_model_version"),
+        Index("ix_registry_versions_digest", "digest"),
+        Index("ix_registry_versions_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("registry_models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    # pending: reserved by a push in progress (invisible); ready: visible; deleted: a tombstone
+    # that keeps the number retired.
+    state: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(71))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    manifest: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tags: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class AliasRow(Base):
+    __tablename__ = "registry_aliases"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("registry_models.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

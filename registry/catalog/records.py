@@ -1,0 +1,19 @@
+"""What catalog reads return: plain dataclasses, never ORM rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """A committed version as the catalog holds it (the client turns it into a ModelVersion)."""
+
+    name: str
+    version: int
+    digest: str
+    size_bytes: int
+    manifest: dict[str, Any]
+    tags: dict[str, str]
+    aliases: list[str]

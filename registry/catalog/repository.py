@@ -1,0 +1,364 @@
+"""Catalog operations: allocate and commit versions, resolve refs, aliases, tags, deletion."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import NotFoundError, VersionExistsError
+from ..refs import Ref
+from .db import ensure_schema, make_engine, mapped_errors
+from .records import VersionRecord
+from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionRow
+
+_CLAIM_RETRIES = 5
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Catalog:
+    """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
+
+    def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
+        self.url = url
+        self.engine = engine or make_engine(url)
+        self._auto_migrate = auto_migrate
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._checked = False
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with mapped_errors(self.url):
+            if not self._checked:
+                ensure_schema(self.engine, auto_migrate=self._auto_migrate)
+                self._checked = True
+            with self._sessions.begin() as session:
+                yield session
+
+    # -- push -----------------------------------------------------------------------------
+
+    def reserve(self, name: str, version: int | None, digest: str, size_bytes: int) -> int:
+        """Allocate (or claim) a version number in one transaction; the row stays invisible."""
+        for attempt in range(_CLAIM_RETRIES):
+            try:
+                with self._session() as s:
+                    model = self._model_for_update(s, name)
+                    if version is None:
+                        number = model.last_version + 1
+                    else:
+                        number = version
+                        taken = s.scalar(select(VersionRow).where(
+                            VersionRow.model_id == model.id, VersionRow.version == number))
+                        if taken is not None:
+                            raise VersionExistsError(_taken_message(name, number, taken.state,
+                                                                    model.last_version))
+                    model.last_version = max(model.last_version, number)
+                    s.add(VersionRow(model_id=model.id, version=number, state=PENDING,
+                                     digest=digest, size_bytes=size_bytes, tags="{}",
+                                     created_at=_now()))
+                return number
+            except IntegrityError:
+                # Only reachable when the database does not serialize on the model row; the
+                # unique constraint caught a race, so look again.
+                if attempt == _CLAIM_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _model_for_update(self, s: Session, name: str) -> ModelRow:
+        dialect = s.get_bind().dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            insert_fn: Any
+            if dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as insert_fn
+            else:
+                from sqlalchemy.dialects.sqlite import insert as insert_fn
+            s.execute(insert_fn(ModelRow).values(name=name, last_version=0, created_at=_now())
+                      .on_conflict_do_nothing(index_elements=["name"]))
+        elif s.scalar(select(ModelRow.id).where(ModelRow.name == name)) is None:
+            s.add(ModelRow(name=name, last_version=0, created_at=_now()))
+            s.flush()
+        model = s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
+        assert model is not None
+        return model
+
+    def commit(self, name: str, version: int, manifest: dict[str, Any],
+               tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
+        """Make a reserved version visible, with its manifest, tags and aliases."""
+        with self._session() as s:
+            model = self._model(s, name, live=False)
+            row = self._row(s, model, version, states=(PENDING,))
+            row.state = READY
+            row.manifest = json.dumps(manifest, sort_keys=True)
+            row.tags = json.dumps(tags, sort_keys=True)
+            for alias in aliases:
+                self._put_alias(s, model, alias, version)
+            return self._record(s, model, row)
+
+    def abort(self, name: str, version: int) -> None:
+        """Drop a reservation whose push failed; its number stays retired."""
+        with self._session() as s:
+            model = s.scalar(select(ModelRow).where(ModelRow.name == name))
+            if model is not None:
+                s.execute(delete(VersionRow).where(
+                    VersionRow.model_id == model.id, VersionRow.version == version,
+                    VersionRow.state == PENDING))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def resolve(self, ref: Ref) -> VersionRecord:
+        with self._session() as s:
+            model = self._model(s, ref.name)
+            if ref.alias is not None:
+                target = s.scalar(select(AliasRow.version).where(
+                    AliasRow.model_id == model.id, AliasRow.alias == ref.alias))
+                if target is None:
+                    known = s.scalars(select(AliasRow.alias).where(
+                        AliasRow.model_id == model.id).order_by(AliasRow.alias)).all()
+                    raise NotFoundError(
+                        f"{ref} not found: {ref.name} has "
+                        + (f"aliases {', '.join(known)}" if known else "no aliases")
+                    )
+                row = self._row(s, model, target)
+            elif ref.digest is not None:
+                row = s.scalar(select(VersionRow).where(
+                    VersionRow.model_id == model.id, VersionRow.digest == ref.digest,
+                    VersionRow.state == READY).order_by(VersionRow.version.desc()).limit(1))
+                if row is None:
+                    raise NotFoundError(f"{ref} not found: no version of {ref.name} has that digest")
+            elif ref.version is not None:
+                row = self._row(s, model, ref.version)
+            else:
+                row = self._latest(s, model)
+            return self._record(s, model, row)
+
+    def list_models(self) -> list[str]:
+        with self._session() as s:
+            live = select(VersionRow.model_id).where(VersionRow.state == READY)
+            return list(s.scalars(select(ModelRow.name).where(ModelRow.id.in_(live))
+                                  .order_by(ModelRow.name)))
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        with self._session() as s:
+            model = self._model(s, name)
+            rows = s.scalars(select(VersionRow).where(
+                VersionRow.model_id == model.id, VersionRow.state == READY)
+                .order_by(VersionRow.version)).all()
+            aliases = self._aliases_by_version(s, model)
+            return [self._record(s, model, r, aliases) for r in rows]
+
+    def aliases(self, name: str) -> dict[str, int]:
+        with self._session() as s:
+            model = self._model(s, name)
+            return {a.alias: a.version for a in s.scalars(
+                select(AliasRow).where(AliasRow.model_id == model.id).order_by(AliasRow.alias))}
+
+    # -- changes --------------------------------------------------------------------------
+
+    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
+        with self._session() as s:
+            model = self._model(s, name)
+            row = self._row(s, model, version)
+            self._put_alias(s, model, alias, version)
+            return self._record(s, model, row)
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        with self._session() as s:
+            model = self._model(s, name)
+            gone = s.execute(delete(AliasRow).where(
+                AliasRow.model_id == model.id, AliasRow.alias == alias))
+            if not gone.rowcount:  # type: ignore[attr-defined]
+                raise NotFoundError(f"{name}@{alias} not found: {name} has no alias {alias!r}")
+
+    def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
+        """Merge ``tags`` into the version's tags; a None value removes that key."""
+        with self._session() as s:
+            model = self._model(s, name)
+            row = self._row(s, model, version)
+            merged = json.loads(row.tags)
+            for key, value in tags.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            row.tags = json.dumps(merged, sort_keys=True)
+            return self._record(s, model, row)
+
+    def delete_version(self, name: str, version: int) -> VersionRecord:
+        """Turn the version into a tombstone: invisible, its number retired, aliases dropped."""
+        with self._session() as s:
+            model = self._model(s, name)
+            row = self._row(s, model, version)
+            record = self._record(s, model, row)
+            row.state = DELETED
+            row.deleted_at = _now()
+            s.execute(delete(AliasRow).where(AliasRow.model_id == model.id,
+                                             AliasRow.version == version))
+            return record
+
+    # -- gc and rebuild -------------------------------------------------------------------
+
+    def referenced_digests(self, *, pending_grace: timedelta = timedelta(hours=6)) -> set[str]:
+        """Digests that gc must keep: ready versions, and pushes still in progress."""
+        with self._session() as s:
+            cutoff = _now() - pending_grace
+            ready = s.scalars(select(VersionRow.digest).where(VersionRow.state == READY))
+            pending = s.execute(select(VersionRow.digest, VersionRow.created_at).where(
+                VersionRow.state == PENDING)).all()
+            keep = set(ready)
+            keep.update(d for d, created in pending if _aware(created) >= cutoff)
+            return keep
+
+    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
+        """Forget reservations of pushes that died; their numbers stay retired."""
+        with self._session() as s:
+            rows = s.scalars(select(VersionRow).where(VersionRow.state == PENDING)).all()
+            cutoff = _now() - older_than
+            stale = [r for r in rows if _aware(r.created_at) < cutoff]
+            for r in stale:
+                s.delete(r)
+            return len(stale)
+
+    def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
+                aliases: dict[str, dict[str, int]]) -> int:
+        """Replace the catalog's contents with what the store holds (``registry db rebuild``)."""
+        count = 0
+        with self._session() as s:
+            s.execute(delete(AliasRow))
+            s.execute(delete(VersionRow))
+            s.execute(delete(ModelRow))
+            models: dict[str, ModelRow] = {}
+
+            def model_row(name: str) -> ModelRow:
+                if name not in models:
+                    models[name] = ModelRow(name=name, last_version=0, created_at=_now())
+                    s.add(models[name])
+                    s.flush()
+                return models[name]
+
+            for manifest in manifests:
+                model = model_row(manifest["name"])
+                model.last_version = max(model.last_version, manifest["version"])
+                s.add(VersionRow(
+                    model_id=model.id, version=manifest["version"], state=READY,
+                    digest=manifest["digest"], size_bytes=manifest["source"]["size_bytes"],
+                    manifest=json.dumps(manifest, sort_keys=True),
+                    tags=json.dumps(manifest.get("tags") or {}, sort_keys=True),
+                    created_at=datetime.fromisoformat(manifest["created_at"])))
+                count += 1
+            s.flush()
+            for name, version in retired:
+                model = model_row(name)
+                model.last_version = max(model.last_version, version)
+                s.add(VersionRow(model_id=model.id, version=version, state=DELETED,
+                                 digest="", size_bytes=0, tags="{}", created_at=_now(),
+                                 deleted_at=_now()))
+            s.flush()
+            for name, table in aliases.items():
+                if name not in models:
+                    continue
+                for alias, version in table.items():
+                    live = s.scalar(select(VersionRow.id).where(
+                        VersionRow.model_id == models[name].id, VersionRow.version == version,
+                        VersionRow.state == READY))
+                    if live is not None:
+                        s.add(AliasRow(model_id=models[name].id, alias=alias, version=version,
+                                       updated_at=_now()))
+        return count
+
+    def count_versions(self) -> int:
+        with self._session() as s:
+            return s.scalar(select(func.count()).select_from(VersionRow).where(
+                VersionRow.state == READY)) or 0
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _model(self, s: Session, name: str, *, live: bool = True) -> ModelRow:
+        model = s.scalar(select(ModelRow).where(ModelRow.name == name))
+        if model is not None and not live:
+            return model
+        if model is None or not s.scalar(select(VersionRow.id).where(
+                VersionRow.model_id == model.id, VersionRow.state == READY).limit(1)):
+            known = s.scalars(select(ModelRow.name).order_by(ModelRow.name).limit(5)).all()
+            if model is not None:
+                raise NotFoundError(f"model {name!r} has no versions left (all were deleted)")
+            raise NotFoundError(
+                f"model {name!r} not found; "
+                + (f"models include {', '.join(known)}" if known else "the registry is empty")
+            )
+        return model
+
+    def _row(self, s: Session, model: ModelRow, version: int,
+             states: tuple[str, ...] = (READY,)) -> VersionRow:
+        row = s.scalar(select(VersionRow).where(
+            VersionRow.model_id == model.id, VersionRow.version == version))
+        if row is None or row.state not in states:
+            latest = s.scalar(select(func.max(VersionRow.version)).where(
+                VersionRow.model_id == model.id, VersionRow.state == READY))
+            why = " (it was deleted)" if row is not None and row.state == DELETED else ""
+            raise NotFoundError(
+                f"{model.name}:v{version} not found{why}; "
+                + (f"latest is v{latest}" if latest else f"{model.name} has no versions")
+            )
+        return row
+
+    def _latest(self, s: Session, model: ModelRow) -> VersionRow:
+        row = s.scalar(select(VersionRow).where(
+            VersionRow.model_id == model.id, VersionRow.state == READY)
+            .order_by(VersionRow.version.desc()).limit(1))
+        if row is None:
+            raise NotFoundError(f"model {model.name!r} has no versions")
+        return row
+
+    def _put_alias(self, s: Session, model: ModelRow, alias: str, version: int) -> None:
+        existing = s.get(AliasRow, (model.id, alias))
+        if existing is None:
+            s.add(AliasRow(model_id=model.id, alias=alias, version=version, updated_at=_now()))
+        else:
+            existing.version = version
+            existing.updated_at = _now()
+        s.flush()
+
+    def _aliases_by_version(self, s: Session, model: ModelRow) -> dict[int, list[str]]:
+        table: dict[int, list[str]] = {}
+        for a in s.scalars(select(AliasRow).where(AliasRow.model_id == model.id)
+                           .order_by(AliasRow.alias)):
+            table.setdefault(a.version, []).append(a.alias)
+        return table
+
+    def _record(self, s: Session, model: ModelRow, row: VersionRow,
+                aliases: dict[int, list[str]] | None = None) -> VersionRecord:
+        if aliases is None:
+            aliases = self._aliases_by_version(s, model)
+        return VersionRecord(
+            name=model.name, version=row.version, digest=row.digest, size_bytes=row.size_bytes,
+            manifest=json.loads(row.manifest) if row.manifest else {},
+            tags=json.loads(row.tags), aliases=aliases.get(row.version, []),
+        )
+
+
+def _aware(moment: datetime) -> datetime:
+    # SQLite hands back naive datetimes even for timezone=True columns.
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _taken_message(name: str, number: int, state: str, last: int) -> str:
+    if state == DELETED:
+        return (f"{name}:v{number} was deleted and its number is retired; versions are never "
+                f"reused. Push without a version to get v{last + 1}")
+    if state == PENDING:
+        return f"{name}:v{number} is being pushed right now; push without a version instead"
+    return (f"{name}:v{number} already exists and versions are immutable; push without a "
+            f"version to get v{last + 1}")
+

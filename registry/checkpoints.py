@@ -1,0 +1,144 @@
+"""Reading checkpoint files safely: safetensors, or torch pickles loaded with weights_only.
+
+A torch pickle remembers the device each storage lived on (``cuda:3``). We load it with a
+``map_location`` callable that writes down that location and keeps the storage on the CPU, so a
+checkpoint from a GPU box is read, and its devices recorded, on a machine with no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError, UnsafeCheckpointError
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+SAFETENSORS_SUFFIX = ".safetensors"
+# Where training loops put the weights inside a dict checkpoint, in the order we look.
+NESTED_WEIGHT_KEYS = ("state_dict", "model_state_dict", "model", "module")
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint file holds: a state dict and facts about how it was written."""
+
+    state_dict: dict[str, Any]
+    format: str  # "safetensors" | "torch-pickle"
+    devices: list[str] = field(default_factory=list)
+    nested_key: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Load the weights in ``path`` onto the CPU without executing anything from the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
+    kind = _kind(path)
+    if kind == "safetensors":
+        return _read_safetensors(path)
+    return _read_pickle(path)
+
+
+def _kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix == SAFETENSORS_SUFFIX:
+        return "safetensors"
+    if suffix in PICKLE_SUFFIXES:
+        return "torch-pickle"
+    with path.open("rb") as fh:
+        head = fh.read(9)
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch-pickle"
+    if len(head) == 9 and head[8:9] == b"{":
+        return "safetensors"
+    raise CheckpointError(
+        f"cannot tell what {str(path)!r} is: name it *.safetensors or one of "
+        f"{', '.join('*' + s for s in PICKLE_SUFFIXES)} (a torch.save file)"
+    )
+
+
+def _read_safetensors(path: Path) -> Checkpoint:
+    from safetensors import SafetensorError
+    from safetensors.torch import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            metadata = dict(fh.metadata() or {})
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {exc}") from None
+    return Checkpoint(tensors, "safetensors", metadata=metadata)
+
+
+def _read_pickle(path: Path) -> Checkpoint:
+    locations: set[str] = set()
+
+    def keep_on_cpu(storage: Any, location: str) -> Any:
+        locations.add(str(location))
+        return storage
+
+    try:
+        obj = torch.load(path, map_location=keep_on_cpu, weights_only=True, mmap=_can_mmap(path))
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).split("\n")
+        detail = next((line.strip() for line in reversed(reason) if "GLOBAL" in line), "")
+        raise UnsafeCheckpointError(
+            f"refused {str(path)!r}: it pickles Python objects, not just tensors, so loading it "
+            "would run code from the file; it was not executed"
+            + (f" ({detail})" if detail else "")
+            + ". Save model.state_dict() with torch.save, or push the module itself"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable torch checkpoint: {str(exc).splitlines()[0]}"
+        ) from None
+    state_dict, nested_key = _find_state_dict(obj, path)
+    return Checkpoint(
+        state_dict, "torch-pickle", devices=sorted(locations, key=_device_order),
+        nested_key=nested_key,
+    )
+
+
+def _can_mmap(path: Path) -> bool:
+    # mmap only works for the zip format (torch >= 1.6); legacy files are read whole.
+    with path.open("rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def _find_state_dict(obj: Any, path: Path) -> tuple[dict[str, Any], str | None]:
+    if isinstance(obj, torch.Tensor):
+        raise CheckpointError(
+            f"{str(path)!r} holds a single tensor, not a state dict; save a dict of name -> tensor"
+        )
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(
+            f"{str(path)!r} holds a {type(obj).__name__}, not a state dict; save "
+            "model.state_dict() instead"
+        )
+    if _has_tensors(obj):
+        return dict(obj), None
+    for key in NESTED_WEIGHT_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, Mapping) and _has_tensors(inner):
+            return dict(inner), key
+    keys = ", ".join(repr(k) for k in list(obj)[:8])
+    raise CheckpointError(
+        f"found no weights in {str(path)!r}: its top-level keys are {keys}; expected tensors, or a "
+        f"dict under one of {', '.join(NESTED_WEIGHT_KEYS)}"
+    )
+
+
+def _has_tensors(mapping: Mapping[Any, Any]) -> bool:
+    return any(isinstance(value, torch.Tensor) for value in mapping.values())
+
+
+def _device_order(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return (kind, int(index) if index.isdigit() else -1)

@@ -1,0 +1,354 @@
+"""The Registry facade: push and pull pipelines over a backend, plus catalog operations."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from . import devices as dev
+from . import manifest as mf
+from . import materialize as mat
+from .backends import GcReport, LocalBackend
+from .catalog.records import VersionRecord
+from .errors import RefError, SettingsError
+from .manifest import ModelVersion
+from .normalize import dtype_name, factory_string, normalize
+from .refs import Ref, parse, parse_push_target, validate_alias, validate_name, validate_version
+from .serialize import sha256_file, write_safetensors
+from .settings import Settings
+from .store import ObjectStore
+
+if TYPE_CHECKING:
+    from .catalog.repository import Catalog
+
+ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
+_MAX_TAG_KEY = 250
+_MAX_TAG_VALUE = 5000
+
+
+class Registry:
+    """A model registry: embedded (SQLite + local files) by default, configured by environment.
+
+    ``Registry(uri=None, *, home=None, catalog=None, store=None, token=None)``: ``catalog`` and
+    ``store`` take URLs (or a Catalog / ObjectStore); ``home`` replaces ``REGISTRY_HOME``.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        home: str | os.PathLike[str] | None = None,
+        catalog: str | Catalog | None = None,
+        store: str | ObjectStore | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.settings = Settings.from_env(
+            home=home,
+            catalog=catalog if isinstance(catalog, str) else None,
+            store=store if isinstance(store, str) else None,
+        )
+        uri = uri if uri is not None else self.settings.uri
+        if uri:
+            raise SettingsError(
+                f"remote registry {uri!r} requested, but this version only runs the embedded "
+                "registry; unset REGISTRY_URI (and REGISTRY_TOKEN) to use it"
+            )
+        self._backend = LocalBackend.from_settings(
+            self.settings,
+            catalog=None if catalog is None or isinstance(catalog, str) else catalog,
+            store=None if store is None or isinstance(store, str) else store,
+        )
+
+    def __repr__(self) -> str:
+        return (f"Registry(catalog={self.settings.catalog_url!r}, "
+                f"store={self._backend.store.url!r})")
+
+    @property
+    def backend(self) -> LocalBackend:
+        return self._backend
+
+    # -- push -----------------------------------------------------------------------------
+
+    def push(
+        self,
+        model: ModelInput,
+        name: str,
+        *,
+        tags: Mapping[str, str] | None = None,
+        aliases: Iterable[str] = (),
+        factory: str | Any = None,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        precision: str | None = None,
+        keep_in_fp32: Iterable[str] = (),
+    ) -> ModelVersion:
+        """Normalize ``model`` and store it as a new immutable version of ``name``."""
+        target, claim = parse_push_target(name)
+        alias_list = _alias_list(aliases)
+        tag_map = _tag_map(tags)
+        architecture: dict[str, Any] = {}
+        if factory is not None:
+            architecture["factory"] = factory_string(factory)
+            architecture["factory_kwargs"] = _json_object(factory_kwargs, "factory_kwargs")
+        elif factory_kwargs:
+            raise RefError("factory_kwargs given without factory; pass factory='module:callable'")
+        if precision is not None and (not isinstance(precision, str) or not precision):
+            raise RefError(f"invalid precision {precision!r}: use a label such as 'amp-fp16'")
+        prefixes = [keep_in_fp32] if isinstance(keep_in_fp32, str) else list(keep_in_fp32)
+
+        weights = normalize(model, precision=precision, keep_in_fp32=prefixes)
+        architecture = {**weights.architecture, **architecture}
+        staging = self._backend.staging_dir()
+        blob = staging / f"push-{uuid.uuid4().hex}.safetensors"
+        try:
+            write_safetensors(weights.tensors, blob)
+            digest = sha256_file(blob)
+            size = blob.stat().st_size
+            tensors = {
+                key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                for key, t in weights.tensors.items()
+            }
+            created_at = datetime.now(timezone.utc).isoformat()
+
+            def manifest_for(version: int) -> dict[str, Any]:
+                return {
+                    "format_version": mf.FORMAT_VERSION,
+                    "name": target,
+                    "version": version,
+                    "created_at": created_at,
+                    "digest": digest,
+                    "files": [{"digest": digest, "size": size, "format": "safetensors"}],
+                    "tensor_count": len(tensors) + len(weights.tied),
+                    "tensors": tensors,
+                    "extras": weights.extras,
+                    "architecture": architecture,
+                    "source": weights.source,
+                    "tags": tag_map,
+                }
+
+            record = self._backend.push(target, claim, blob, digest, size, manifest_for,
+                                        tag_map, alias_list)
+        finally:
+            blob.unlink(missing_ok=True)
+        return _version(record)
+
+    # -- pull -----------------------------------------------------------------------------
+
+    def pull(
+        self,
+        ref: str | Ref,
+        *,
+        device: dev.DeviceRequest = "auto",
+        dtype: dev.DtypeRequest = "auto",
+        model: mat.ModelSpec = None,
+        device_map: mat.DeviceMap = None,
+        max_memory: Mapping[str, int | str] | None = None,
+    ) -> nn.Module:
+        """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode."""
+        record = self._backend.resolve(parse(ref))
+        manifest = record.manifest
+        requested = dev.parse_dtype(dtype)
+        facts = dev.TorchFacts.probe()
+        module = mat.build_module(model, manifest.get("architecture", {}),
+                                  self.settings.trusted_factories, str(_version(record)))
+        tied = dict(manifest["source"].get("tied", {}))
+        stored_shapes = {**manifest["tensors"],
+                         **{a: manifest["tensors"][k] for a, k in tied.items()}}
+        mat.check_fits(module, stored_shapes, str(_version(record)))
+        policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
+        placement, units = self._placement(manifest, module, device, device_map, max_memory,
+                                           requested, facts)
+        state = self._read(record, placement, policy, tied)
+        mat.fill_module(module, state, tied, placement)
+        if units is not None and len(set(units.values())) > 1:
+            mat.add_device_alignment(module, units)
+        module.registry_ref = str(_version(record))  # type: ignore[assignment]
+        return module
+
+    def pull_state_dict(
+        self,
+        ref: str | Ref,
+        *,
+        device: dev.DeviceRequest = "auto",
+        dtype: dev.DtypeRequest = "auto",
+    ) -> dict[str, Any]:
+        """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
+        record = self._backend.resolve(parse(ref))
+        manifest = record.manifest
+        requested = dev.parse_dtype(dtype)
+        facts = dev.TorchFacts.probe()
+        target = dev.resolve_device(device, _bytes_needed(manifest, requested), facts)
+        if requested is not None:
+            dev.check_dtype_runs(requested, target)
+        policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
+        tied = dict(manifest["source"].get("tied", {}))
+        state: dict[str, Any] = self._read(record, lambda _k: target, policy, tied)
+        state.update(manifest.get("extras", {}))
+        return state
+
+    def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
+              tied: dict[str, str]) -> dict[str, torch.Tensor]:
+        (blob,) = mf.files(record.manifest)
+        path = self._backend.blob_path(blob["digest"], blob["size"])
+        return mat.load_tensors(path, placement, policy, tied)
+
+    def _placement(
+        self,
+        manifest: dict[str, Any],
+        module: nn.Module,
+        device: dev.DeviceRequest,
+        device_map: mat.DeviceMap,
+        max_memory: Mapping[str, int | str] | None,
+        requested: torch.dtype | None,
+        facts: dev.TorchFacts,
+    ) -> tuple[Any, dict[str, torch.device] | None]:
+        needed = _bytes_needed(manifest, requested)
+        if device_map is None:
+            if max_memory is not None:
+                raise SettingsError("max_memory only applies with device_map='auto'")
+            target = dev.resolve_device(device, needed, facts)
+            if requested is not None:
+                dev.check_dtype_runs(requested, target)
+            return (lambda _key: target), None
+        if device != "auto":
+            raise SettingsError("pass either device= or device_map=, not both")
+        if device_map == "auto":
+            sizes = {k: _nbytes(v) for k, v in manifest["tensors"].items()}
+            plan: Mapping[str, dev.DeviceRequest] = mat.auto_device_map(
+                module, sizes, max_memory, facts)
+        elif isinstance(device_map, Mapping):
+            if max_memory is not None:
+                raise SettingsError("max_memory only applies with device_map='auto'")
+            plan = device_map
+        else:
+            raise SettingsError(f"invalid device_map {device_map!r}: use 'auto' or a dict of "
+                                "module prefix -> device")
+        keys = [k for k, _ in (*module.named_parameters(remove_duplicate=False),
+                               *module.named_buffers(remove_duplicate=False))]
+        resolved = mat.placement_from_map(plan, keys, needed, facts)
+        if requested is not None:
+            for target in set(resolved.values()):
+                dev.check_dtype_runs(requested, target)
+
+        def place(key: str) -> torch.device:
+            prefix = dev.longest_prefix(key, resolved)
+            assert prefix is not None
+            return resolved[prefix]
+
+        return place, resolved
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def show(self, ref: str | Ref) -> ModelVersion:
+        """The version ``ref`` names (the latest one for a bare name)."""
+        return _version(self._backend.resolve(parse(ref)))
+
+    def list_models(self) -> list[str]:
+        """Names of models with at least one version, sorted."""
+        return self._backend.list_models()
+
+    def list_versions(self, name: str) -> list[ModelVersion]:
+        """Every live version of ``name``, oldest first."""
+        return [_version(r) for r in self._backend.list_versions(validate_name(name))]
+
+    # -- changes --------------------------------------------------------------------------
+
+    def set_alias(self, name: str, alias: str, version: int | str) -> ModelVersion:
+        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere)."""
+        return _version(self._backend.set_alias(validate_name(name), validate_alias(alias),
+                                                validate_version(version)))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._backend.delete_alias(validate_name(name), validate_alias(alias))
+
+    def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
+        """Merge ``tags`` into the version's tags; a None value removes a tag."""
+        resolved = self._backend.resolve(parse(ref))
+        clean = {k: v for k, v in _tag_map({k: v for k, v in tags.items() if v is not None})
+                 .items()}
+        removals = {k: None for k, v in tags.items() if v is None}
+        return _version(self._backend.set_tags(resolved.name, resolved.version,
+                                               {**clean, **removals}))
+
+    def delete_version(self, ref: str | Ref) -> ModelVersion:
+        """Delete one explicit version (``name:vN``); its number is never reused."""
+        parsed = parse(ref)
+        if parsed.version is None:
+            raise RefError(f"delete_version needs an explicit version such as "
+                           f"'{parsed.name}:v1', not {str(parsed)!r}")
+        return _version(self._backend.delete_version(parsed.name, parsed.version))
+
+    def gc(self) -> GcReport:
+        """Remove store and cache objects that no version references."""
+        return self._backend.gc()
+
+    def close(self) -> None:
+        self._backend.catalog.close()
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _version(record: VersionRecord) -> ModelVersion:
+    metadata = {**record.manifest, "tags": dict(record.tags)}
+    return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
+                        list(record.aliases), metadata)
+
+
+def _nbytes(spec: Mapping[str, Any]) -> int:
+    numel = 1
+    for n in spec["shape"]:
+        numel *= n
+    return numel * torch.empty((), dtype=getattr(torch, spec["dtype"])).element_size()
+
+
+def _bytes_needed(manifest: dict[str, Any], requested: torch.dtype | None) -> int:
+    if requested is None:
+        return int(manifest["source"]["size_bytes"])
+    total = 0
+    for spec in manifest["tensors"].values():
+        stored = getattr(torch, spec["dtype"])
+        size = _nbytes(spec)
+        if stored.is_floating_point:
+            size = size // torch.empty((), dtype=stored).element_size() * \
+                torch.empty((), dtype=requested).element_size()
+        total += size
+    return total
+
+
+def _alias_list(aliases: Iterable[str] | str) -> list[str]:
+    items = [aliases] if isinstance(aliases, str) else list(aliases)
+    return sorted({validate_alias(a) for a in items})
+
+
+def _tag_map(tags: Mapping[str, str] | None) -> dict[str, str]:
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise RefError(f"tags must be a dict of str -> str, got {type(tags).__name__}")
+    out: dict[str, str] = {}
+    for key, value in tags.items():
+        if not isinstance(key, str) or not key or len(key) > _MAX_TAG_KEY or key != key.strip():
+            raise RefError(f"invalid tag key {key!r}: use a non-empty string of at most "
+                           f"{_MAX_TAG_KEY} characters without surrounding spaces")
+        if not isinstance(value, str) or len(value) > _MAX_TAG_VALUE:
+            raise RefError(f"invalid value for tag {key!r}: {value!r}; tag values are strings "
+                           f"of at most {_MAX_TAG_VALUE} characters (use str(...))")
+        out[key] = value
+    return dict(sorted(out.items()))
+
+
+def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RefError(f"{what} must be a dict, got {type(value).__name__}")
+    try:
+        return dict(json.loads(json.dumps(dict(value), allow_nan=False)))
+    except (TypeError, ValueError) as exc:
+        raise RefError(f"{what} must be JSON-serializable: {exc}") from None

@@ -1,0 +1,261 @@
+"""Which device and dtype a pull lands on: pure functions of what torch reports.
+
+``TorchFacts.probe()`` asks torch once; everything else here takes those facts as an argument, so
+the whole device and dtype policy is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import DeviceUnavailableError, DtypeError
+
+DeviceRequest = str | int | torch.device
+DtypeRequest = str | torch.dtype
+
+# Headroom kept free on a GPU when "auto" decides whether a model fits (activations, CUDA context).
+AUTO_FIT_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    index: int
+    free_bytes: int
+    total_bytes: int
+    capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """What this process can run on."""
+
+    cuda: tuple[CudaDevice, ...] = ()
+    cuda_current: int = 0
+    mps: bool = False
+    cpu_bytes: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def probe(cls) -> TorchFacts:
+        cuda: list[CudaDevice] = []
+        current = 0
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                free, total = torch.cuda.mem_get_info(index)
+                cuda.append(CudaDevice(index, int(free), int(total),
+                                       tuple(torch.cuda.get_device_capability(index))))  # type: ignore[arg-type]
+            current = torch.cuda.current_device() if cuda else 0
+        mps_backend = getattr(torch.backends, "mps", None)
+        mps = bool(mps_backend and mps_backend.is_available())
+        return cls(tuple(cuda), current, mps, _available_ram())
+
+    def available(self) -> list[str]:
+        return [*(f"cuda:{d.index}" for d in self.cuda), *(["mps"] if self.mps else []), "cpu"]
+
+    def cuda_device(self, index: int) -> CudaDevice:
+        return next(d for d in self.cuda if d.index == index)
+
+
+def _available_ram() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def resolve_device(request: DeviceRequest, model_bytes: int, facts: TorchFacts) -> torch.device:
+    """Turn a device request into a concrete device that exists here; never substitute another."""
+    if isinstance(request, str) and request == "auto":
+        fitting = [d for d in facts.cuda if d.free_bytes * AUTO_FIT_FRACTION >= model_bytes]
+        if fitting:
+            best = max(fitting, key=lambda d: (d.free_bytes, -d.index))
+            return torch.device("cuda", best.index)
+        return torch.device("mps") if facts.mps else torch.device("cpu")
+    device = _parse_device(request, facts)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda":
+        if not facts.cuda:
+            raise DeviceUnavailableError(
+                f"device {_show(request)} is not available: torch sees no CUDA device here; "
+                f"available: {', '.join(facts.available())} (or use device='auto')"
+            )
+        index = facts.cuda_current if device.index is None else device.index
+        if index not in {d.index for d in facts.cuda}:
+            raise DeviceUnavailableError(
+                f"device {_show(request)} does not exist: this machine has {len(facts.cuda)} CUDA "
+                f"device(s); available: {', '.join(facts.available())}"
+            )
+        gpu = facts.cuda_device(index)
+        if model_bytes > gpu.free_bytes:
+            raise DeviceUnavailableError(
+                f"device cuda:{index} has {_gib(gpu.free_bytes)} free but the model needs "
+                f"{_gib(model_bytes)}; free memory there, pick another device "
+                f"({', '.join(facts.available())}), or pass device_map='auto'"
+            )
+        return torch.device("cuda", index)
+    if device.type == "mps":
+        if not facts.mps:
+            raise DeviceUnavailableError(
+                f"device {_show(request)} is not available: torch reports no MPS backend here; "
+                f"available: {', '.join(facts.available())}"
+            )
+        return torch.device("mps")
+    raise DeviceUnavailableError(
+        f"device {_show(request)} is not supported for pulls; available: "
+        f"{', '.join(facts.available())}"
+    )
+
+
+def _parse_device(request: DeviceRequest, facts: TorchFacts) -> torch.device:
+    if isinstance(request, bool):
+        raise DeviceUnavailableError(f"invalid device {request!r}: use 'auto', 'cpu', 'cuda:N', "
+                                     "'mps', an int or a torch.device")
+    if isinstance(request, torch.device):
+        return request
+    if isinstance(request, int):
+        if request < 0:
+            raise DeviceUnavailableError(f"invalid device index {request}; available: "
+                                         f"{', '.join(facts.available())}")
+        return torch.device("cuda", request)
+    if isinstance(request, str):
+        try:
+            return torch.device(request)
+        except (RuntimeError, ValueError):
+            pass
+    raise DeviceUnavailableError(
+        f"invalid device {request!r}: use 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', an int or a "
+        f"torch.device; available here: {', '.join(facts.available())}"
+    )
+
+
+def _show(request: DeviceRequest) -> str:
+    return repr(str(request)) if not isinstance(request, int) else repr(request)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+# -- dtypes -----------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
+
+
+def parse_dtype(request: DtypeRequest) -> torch.dtype | None:
+    """``"auto"`` -> None; a name or torch.dtype -> that floating dtype."""
+    if isinstance(request, torch.dtype):
+        if not request.is_floating_point:
+            raise DtypeError(f"dtype {request} is not a floating-point type; pulls only cast "
+                             "floating-point tensors (use float32, float16, bfloat16 or float64)")
+        return request
+    if isinstance(request, str):
+        if request == "auto":
+            return None
+        name = request.removeprefix("torch.")
+        if name in _DTYPE_ALIASES:
+            return _DTYPE_ALIASES[name]
+    raise DtypeError(
+        f"invalid dtype {request!r}: use 'auto', 'float32', 'float16', 'bfloat16', 'float64' or a "
+        "torch.dtype"
+    )
+
+
+def auto_dtype(stored: torch.dtype, device: torch.device, facts: TorchFacts) -> torch.dtype:
+    """The dtype ``dtype="auto"`` gives a stored dtype on ``device`` (the table in DOMAIN.md)."""
+    if not stored.is_floating_point:
+        return stored
+    if device.type == "cpu":
+        return torch.float32 if stored == torch.float16 else stored
+    if device.type == "cuda":
+        if stored == torch.bfloat16:
+            index = 0 if device.index is None else device.index
+            gpu = next((d for d in facts.cuda if d.index == index), None)
+            if gpu is not None and gpu.capability < (8, 0):
+                return torch.float32
+        return stored
+    if device.type == "mps":
+        return torch.float32 if stored == torch.float64 else stored
+    return stored
+
+
+def check_dtype_runs(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse an explicit dtype the device cannot hold at all."""
+    if device.type == "mps" and dtype == torch.float64:
+        raise DtypeError("dtype float64 is not supported on mps; use dtype='float32' or 'auto'")
+
+
+# -- device maps ------------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.I)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(value: int | str) -> int:
+    """``"10GiB"``, ``"512MB"`` or an int -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)):
+        return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+    raise DeviceUnavailableError(
+        f"invalid memory size {value!r} in max_memory: use bytes or a string such as '10GiB'"
+    )
+
+
+def plan_device_map(
+    units: Sequence[tuple[str, int]],
+    max_memory: Mapping[str, int],
+) -> dict[str, str]:
+    """Place each unit (a module's own tensors, in model order) on the first device with room.
+
+    ``max_memory`` is ordered: GPUs first, then the CPU. A unit never splits; one that fits
+    nowhere raises :class:`DeviceUnavailableError`. Pure: sizes in, placement out.
+    """
+    order = list(max_memory)
+    left = dict(max_memory)
+    placement: dict[str, str] = {}
+    position = 0
+    for name, size in units:
+        while position < len(order) and left[order[position]] < size:
+            position += 1  # fill devices in order: once we move on, we never go back
+        if position == len(order):
+            budget = ", ".join(f"{d}={_gib(b)}" for d, b in max_memory.items())
+            raise DeviceUnavailableError(
+                f"module {name or '<root>'!r} needs {_gib(size)} and no device has that much left "
+                f"(max_memory: {budget}); raise max_memory or add a device"
+            )
+        device = order[position]
+        left[device] -= size
+        placement[name] = device
+    return placement
+
+
+def default_max_memory(facts: TorchFacts) -> dict[str, int]:
+    budget: dict[str, int] = {
+        f"cuda:{d.index}": int(d.free_bytes * AUTO_FIT_FRACTION) for d in facts.cuda
+    }
+    if facts.mps:
+        budget["mps"] = int((facts.cpu_bytes or 0) * AUTO_FIT_FRACTION)
+    budget["cpu"] = facts.cpu_bytes if facts.cpu_bytes is not None else 2**62
+    return budget
+
+
+def longest_prefix(key: str, prefixes: Mapping[str, object]) -> str | None:
+    """The longest module-name prefix of ``key`` in ``prefixes`` (``""`` matches everything)."""
+    parts = key.split(".")
+    for end in range(len(parts), -1, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in prefixes:
+            return candidate
+    return None

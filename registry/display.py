@@ -1,0 +1,75 @@
+"""Readable text for humans: the ``show`` table and the ``ls`` listings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .manifest import ModelVersion
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def version_table(mv: ModelVersion) -> str:
+    """The ``registry show`` table: identity, then where and how the weights were trained."""
+    meta = mv.metadata
+    source: dict[str, Any] = meta.get("source", {})
+    arch: dict[str, Any] = meta.get("architecture", {})
+    rows: list[tuple[str, str]] = [
+        ("ref", mv.ref),
+        ("digest", mv.digest),
+        ("aliases", ", ".join(mv.aliases) or "-"),
+        ("tags", ", ".join(f"{k}={v}" for k, v in mv.tags.items()) or "-"),
+        ("created", meta.get("created_at", "-")),
+        ("architecture", _architecture(arch)),
+        ("parameters", f"{source.get('params', 0):,}"),
+        ("size", human_bytes(int(source.get("size_bytes", 0)))),
+        ("tensors", str(meta.get("tensor_count", "-"))),
+        ("trained on", ", ".join(source.get("devices", [])) or "unknown"),
+        ("dtypes", ", ".join(f"{k} x{v}" for k, v in source.get("dtypes", {}).items()) or "-"),
+        ("precision", str(source.get("precision", "-"))),
+        ("wrapping", " > ".join(source.get("wrapping", [])) or "none"),
+        ("keep in fp32", ", ".join(source.get("keep_in_fp32", [])) or "-"),
+        ("tied", ", ".join(f"{a} -> {k}" for a, k in source.get("tied", {}).items()) or "-"),
+        ("input", _input(source)),
+        ("torch", str(source.get("torch_version", "-"))),
+        ("python", str(source.get("python_version", "-"))),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _architecture(arch: dict[str, Any]) -> str:
+    factory = arch.get("factory")
+    if factory:
+        kwargs = arch.get("factory_kwargs") or {}
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        return f"{factory}({args})"
+    return str(arch.get("class") or "unknown (pull with model=)")
+
+
+def _input(source: dict[str, Any]) -> str:
+    kind = str(source.get("input", "-"))
+    ckpt = source.get("checkpoint")
+    if ckpt:
+        key = f" [{ckpt['key']}]" if ckpt.get("key") else ""
+        return f"{kind}: {ckpt.get('file')} ({ckpt.get('format')}){key}"
+    return kind
+
+
+def versions_table(versions: list[ModelVersion]) -> str:
+    rows = [("VERSION", "DIGEST", "SIZE", "ALIASES", "TAGS")]
+    for mv in versions:
+        rows.append((
+            mv.ref, mv.digest[:19], human_bytes(int(mv.metadata["source"]["size_bytes"])),
+            ",".join(mv.aliases) or "-",
+            ",".join(f"{k}={v}" for k, v in mv.tags.items()) or "-",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

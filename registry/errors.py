@@ -1,0 +1,166 @@
+"""Every error a user can cause, as one tree rooted at :class:`RegistryError`.
+
+    RegistryError
+    ├── RefError (ValueError)                  malformed name, ref, alias or version
+    ├── SettingsError (ValueError)             a bad environment variable or option
+    ├── NotFoundError (LookupError)            unknown model, version, alias or digest
+    ├── VersionExistsError                     an explicit version claim that is taken or retired
+    ├── CheckpointError (ValueError)           a file that cannot be read as weights
+    │   └── UnsafeCheckpointError              a pickle that weights_only loading refuses
+    ├── NormalizationError (ValueError)        state that cannot be stored faithfully
+    ├── ArchitectureUnknownError               pull() with no factory and no model=
+    ├── UntrustedFactoryError                  a recorded factory outside the trusted prefixes
+    ├── StateDictMismatchError                 stored keys/shapes do not fit the module
+    ├── DeviceUnavailableError                 a named device that does not exist or cannot hold it
+    ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
+    ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
+    ├── StoreUnavailableError (ConnectionError)
+    ├── CatalogUnavailableError (ConnectionError)
+    └── SchemaOutOfDateError                   a catalog behind the code's migrations
+
+Each class has a stable ``code`` so a server can send it and a client raise the same class.
+"""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """Root of every error the registry raises on purpose."""
+
+    code = "registry_error"
+    exit_code = 1
+
+
+class RefError(RegistryError, ValueError):
+    """A name, ref, alias or version that does not parse."""
+
+    code = "invalid_ref"
+    exit_code = 2
+
+
+class SettingsError(RegistryError, ValueError):
+    """A configuration value (environment variable or option) that does not parse."""
+
+    code = "invalid_settings"
+    exit_code = 2
+
+
+class NotFoundError(RegistryError, LookupError):
+    """A model, version, alias or digest that does not exist."""
+
+    code = "not_found"
+    exit_code = 3
+
+
+class VersionExistsError(RegistryError):
+    """An explicit version claim for a number that is taken or was retired."""
+
+    code = "version_exists"
+    exit_code = 4
+
+
+class CheckpointError(RegistryError, ValueError):
+    """A checkpoint file that cannot be read as weights."""
+
+    code = "invalid_checkpoint"
+    exit_code = 5
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickle that ``weights_only`` loading refuses; it was never executed."""
+
+    code = "unsafe_checkpoint"
+
+
+class NormalizationError(RegistryError, ValueError):
+    """Model state that cannot be stored faithfully (sparse, quantized, meta, objects)."""
+
+    code = "normalization_failed"
+    exit_code = 5
+
+
+class ArchitectureUnknownError(RegistryError):
+    """``pull`` has no recorded factory and no ``model=`` to build the module from."""
+
+    code = "architecture_unknown"
+    exit_code = 6
+
+
+class UntrustedFactoryError(RegistryError):
+    """A recorded factory that is neither an nn.Module subclass nor in a trusted module."""
+
+    code = "untrusted_factory"
+    exit_code = 6
+
+
+class StateDictMismatchError(RegistryError):
+    """Stored weights whose keys or shapes do not fit the module they are loaded into."""
+
+    code = "state_dict_mismatch"
+    exit_code = 6
+
+
+class DeviceUnavailableError(RegistryError):
+    """A requested device that does not exist here or cannot hold the model."""
+
+    code = "device_unavailable"
+    exit_code = 7
+
+
+class DtypeError(RegistryError, ValueError):
+    """A dtype that is unknown or that the target device cannot run."""
+
+    code = "invalid_dtype"
+    exit_code = 7
+
+
+class DigestMismatchError(RegistryError):
+    """Bytes whose sha256 differs from the digest recorded for them; they are never loaded."""
+
+    code = "digest_mismatch"
+    exit_code = 8
+
+
+class StoreUnavailableError(RegistryError, ConnectionError):
+    """The object store cannot be reached or refuses the request."""
+
+    code = "store_unavailable"
+    exit_code = 9
+
+
+class CatalogUnavailableError(RegistryError, ConnectionError):
+    """The catalog database cannot be reached."""
+
+    code = "catalog_unavailable"
+    exit_code = 9
+
+
+class SchemaOutOfDateError(RegistryError):
+    """The catalog's schema is older (or newer) than this code; the message names the fix."""
+
+    code = "schema_out_of_date"
+    exit_code = 10
+
+
+ERRORS_BY_CODE: dict[str, type[RegistryError]] = {
+    cls.code: cls
+    for cls in (
+        RegistryError,
+        RefError,
+        SettingsError,
+        NotFoundError,
+        VersionExistsError,
+        CheckpointError,
+        UnsafeCheckpointError,
+        NormalizationError,
+        ArchitectureUnknownError,
+        UntrustedFactoryError,
+        StateDictMismatchError,
+        DeviceUnavailableError,
+        DtypeError,
+        DigestMismatchError,
+        StoreUnavailableError,
+        CatalogUnavailableError,
+        SchemaOutOfDateError,
+    )
+}

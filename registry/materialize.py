@@ -1,0 +1,355 @@
+"""Stored tensors -> a state dict or a module on the requested device(s) and dtype, in one copy.
+
+The module is built with its parameters on the ``meta`` device (no memory, no random init) and
+filled with ``load_state_dict(assign=True)``, so the tensors read from the file *are* the
+module's weights. Each tensor is cast and moved in a single ``Tensor.to`` call; a tensor already
+on the right device with the right dtype is not copied at all (the file's memory map backs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import devices as dev
+from .errors import (
+    ArchitectureUnknownError,
+    DeviceUnavailableError,
+    StateDictMismatchError,
+    UntrustedFactoryError,
+)
+
+ModelSpec = nn.Module | Callable[[], nn.Module] | None
+DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
+
+_MISMATCH_SHOWN = 5
+
+
+# -- which dtype each tensor gets -------------------------------------------------------------
+
+class DtypePolicy:
+    """Decides the dtype of each stored tensor on its target device."""
+
+    def __init__(self, requested: torch.dtype | None, keep_in_fp32: list[str],
+                 facts: dev.TorchFacts) -> None:
+        self.requested = requested
+        self.keep_patterns = [f".{p}." for p in keep_in_fp32]
+        self.facts = facts
+
+    def __call__(self, key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
+        if not stored.is_floating_point:
+            return stored  # integer and bool tensors are never cast
+        if self.keep_patterns and any(p in f".{key}" for p in self.keep_patterns):
+            return torch.float32
+        if self.requested is None:
+            return dev.auto_dtype(stored, device, self.facts)
+        return self.requested
+
+
+# -- reading tensors --------------------------------------------------------------------------
+
+def load_tensors(
+    path: Path,
+    placement: Callable[[str], torch.device],
+    policy: DtypePolicy,
+    tied: Mapping[str, str],
+) -> dict[str, torch.Tensor]:
+    """Read every tensor of a safetensors file onto its device and dtype; re-add tied aliases."""
+    from safetensors.torch import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt", device="cpu") as fh:
+        for key in fh.keys():  # noqa: SIM118
+            tensor = fh.get_tensor(key)
+            device = placement(key)
+            dtype = policy(key, tensor.dtype, device)
+            out[key] = tensor.to(device=device, dtype=dtype)
+    for alias, kept in tied.items():
+        out[alias] = out[kept]
+    return out
+
+
+# -- building the module ----------------------------------------------------------------------
+
+_EMPTY_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def empty_parameters() -> Iterator[None]:
+    """Create parameters on ``meta`` while a module is built; buffers stay real.
+
+    Non-persistent buffers (computed in ``__init__``, absent from state dicts) keep their values,
+    which a plain ``torch.device("meta")`` context would lose.
+    """
+    with _EMPTY_LOCK:
+        original = nn.Module.register_parameter
+
+        def register_parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+            original(self, name, param)
+            if param is not None and not param.is_meta:
+                kwargs = {"requires_grad": param.requires_grad}
+                self._parameters[name] = type(param)(param.to("meta"), **kwargs)
+
+        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_module(
+    model: ModelSpec,
+    architecture: Mapping[str, Any],
+    trusted_prefixes: tuple[str, ...],
+    ref: str,
+) -> nn.Module:
+    """The module to fill: ``model=``, else the factory recorded at push."""
+    if isinstance(model, nn.Module):
+        return model
+    if model is not None:
+        if not callable(model):
+            raise ArchitectureUnknownError(
+                f"model= must be an nn.Module or a zero-argument callable, got "
+                f"{type(model).__name__}"
+            )
+        with empty_parameters():
+            built = model()
+        return _checked_module(built, repr(model))
+    factory = architecture.get("factory")
+    if not factory:
+        recorded = architecture.get("class")
+        hint = f" (it was pushed from a {recorded})" if recorded else ""
+        raise ArchitectureUnknownError(
+            f"{ref} records no factory to build the model{hint}: pass model=YourModel(...) or a "
+            "zero-argument callable, or use pull_state_dict() for the weights alone"
+        )
+    target = _import_factory(factory, trusted_prefixes)
+    with empty_parameters():
+        built = target(**dict(architecture.get("factory_kwargs") or {}))
+    return _checked_module(built, factory)
+
+
+def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:
+    module_name, _, attr_path = factory.partition(":")
+    trusted = any(module_name == p or module_name.startswith(p + ".") for p in trusted_prefixes)
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            target = getattr(target, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ArchitectureUnknownError(
+            f"recorded factory {factory!r} cannot be imported here ({exc}); install the package "
+            "that provides it, or pass model= to pull"
+        ) from None
+    if isinstance(target, type) and issubclass(target, nn.Module):
+        return target
+    if trusted:
+        return target  # type: ignore[no-any-return]
+    raise UntrustedFactoryError(
+        f"recorded factory {factory!r} is not an nn.Module subclass and {module_name!r} is not "
+        f"under a trusted prefix ({', '.join(trusted_prefixes) or 'none'}); add it to "
+        "REGISTRY_TRUSTED_FACTORIES if you trust it, or pass model= to pull"
+    )
+
+
+def _checked_module(built: object, origin: str) -> nn.Module:
+    if not isinstance(built, nn.Module):
+        raise ArchitectureUnknownError(
+            f"{origin} returned a {type(built).__name__}, not an nn.Module; pass model= instead"
+        )
+    return built
+
+
+# -- filling the module -----------------------------------------------------------------------
+
+def check_fits(module: nn.Module, tensors: Mapping[str, Any], ref: str) -> None:
+    """Raise :class:`StateDictMismatchError` before loading if keys or shapes disagree."""
+    expected = module.state_dict(keep_vars=True)
+    missing = [k for k in expected if k not in tensors]
+    unexpected = [k for k in tensors if k not in expected]
+    if missing or unexpected:
+        raise StateDictMismatchError(
+            f"{ref} does not fit the model: "
+            + "; ".join(
+                part for part in (
+                    _listing("missing", missing), _listing("unexpected", unexpected),
+                ) if part
+            )
+            + f". {_likely_cause(list(expected), list(tensors))}"
+        )
+    bad = [
+        f"{k} stored {tuple(shape)} vs model {tuple(expected[k].shape)}"
+        for k, shape in ((k, _shape(v)) for k, v in tensors.items())
+        if shape is not None and tuple(expected[k].shape) != tuple(shape)
+    ]
+    if bad:
+        raise StateDictMismatchError(
+            f"{ref} does not fit the model: shape mismatch in {len(bad)} tensor(s): "
+            f"{'; '.join(bad[:_MISMATCH_SHOWN])}. Build the model with the same configuration "
+            "it was trained with (e.g. factory_kwargs or num_classes)"
+        )
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, Mapping) and "shape" in value:
+        return tuple(value["shape"])
+    return None
+
+
+def _listing(label: str, keys: list[str]) -> str:
+    if not keys:
+        return ""
+    shown = ", ".join(keys[:_MISMATCH_SHOWN])
+    more = f" and {len(keys) - _MISMATCH_SHOWN} more" if len(keys) > _MISMATCH_SHOWN else ""
+    return f"{len(keys)} {label} key(s): {shown}{more}"
+
+
+def _likely_cause(model_keys: list[str], stored_keys: list[str]) -> str:
+    for prefix, wrapper, fix in (
+        ("module.", "DataParallel/DistributedDataParallel", "model.module"),
+        ("_orig_mod.", "torch.compile", "model._orig_mod (compile after pulling)"),
+    ):
+        if model_keys and all(k.startswith(prefix) for k in model_keys):
+            return (f"Likely cause: the model you passed is wrapped in {wrapper} (its keys start "
+                    f"with {prefix!r}); pass {fix} instead")
+    stored = set(stored_keys)
+    for k in model_keys:
+        head, _, rest = k.partition(".")
+        if rest and rest in stored:
+            return (f"Likely cause: the model you passed nests the network under {head!r} "
+                    f"(e.g. {k!r} vs stored {rest!r}); pass model.{head}")
+    return "Likely cause: the model's architecture or configuration differs from the one pushed"
+
+
+def fill_module(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    tied: Mapping[str, str],
+    buffer_device: Callable[[str], torch.device],
+) -> nn.Module:
+    """Assign ``state`` into ``module``, tie aliases again, place leftover buffers, eval()."""
+    try:
+        module.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise StateDictMismatchError(f"loading the weights failed: {exc}") from None
+    for alias, kept in tied.items():
+        _tie(module, alias, kept)
+    persistent = set(state)
+    for name, buf in list(module.named_buffers()):
+        if name in persistent:
+            continue
+        target = buffer_device(name)
+        if buf.is_meta:
+            raise StateDictMismatchError(
+                f"buffer {name!r} is on the meta device and not stored; build the model with "
+                "real buffers (e.g. pass model= constructed normally)"
+            )
+        if buf.device != target:
+            owner, _, attr = name.rpartition(".")
+            module.get_submodule(owner)._buffers[attr] = buf.to(target)
+    leftover = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    if leftover:
+        raise StateDictMismatchError(
+            f"parameters left without weights: {', '.join(leftover[:_MISMATCH_SHOWN])}"
+        )
+    return module.eval()
+
+
+def _tie(module: nn.Module, alias: str, kept: str) -> None:
+    a_owner, _, a_attr = alias.rpartition(".")
+    k_owner, _, k_attr = kept.rpartition(".")
+    source = module.get_submodule(k_owner)
+    target = module.get_submodule(a_owner)
+    if k_attr in source._parameters and a_attr in target._parameters:
+        target._parameters[a_attr] = source._parameters[k_attr]
+    elif k_attr in source._buffers and a_attr in target._buffers:
+        target._buffers[a_attr] = source._buffers[k_attr]
+
+
+# -- placement --------------------------------------------------------------------------------
+
+def placement_from_map(
+    device_map: Mapping[str, dev.DeviceRequest],
+    keys: list[str],
+    model_bytes: int,
+    facts: dev.TorchFacts,
+) -> dict[str, torch.device]:
+    """Resolve every device named in a device map and check every key has a home."""
+    resolved: dict[str, torch.device] = {}
+    for prefix, request in device_map.items():
+        # Memory is checked per plan, not per device: pass 0 so a GPU is not refused for the whole.
+        resolved[prefix] = dev.resolve_device(request, 0, facts) if request != "auto" else \
+            dev.resolve_device("auto", model_bytes, facts)
+    homeless = [k for k in keys if dev.longest_prefix(k, resolved) is None]
+    if homeless:
+        raise DeviceUnavailableError(
+            f"device_map places no prefix of {homeless[0]!r}"
+            + (f" (and {len(homeless) - 1} more keys)" if len(homeless) > 1 else "")
+            + "; add a default entry such as '': 'cpu'"
+        )
+    return resolved
+
+
+def auto_device_map(
+    module: nn.Module,
+    sizes: Mapping[str, int],
+    max_memory: Mapping[str, int | str] | None,
+    facts: dev.TorchFacts,
+) -> dict[str, str]:
+    """Plan ``device_map="auto"``: each module's own tensors are one unit, in model order."""
+    budget = dev.default_max_memory(facts) if max_memory is None else {
+        _canonical_device(k, facts): dev.parse_memory(v) for k, v in max_memory.items()
+    }
+    ordered = dict(sorted(budget.items(), key=lambda kv: _device_rank(kv[0])))
+    units: list[tuple[str, int]] = []
+    for name, sub in module.named_modules():
+        own = [f"{name}.{t}" if name else t for t, _ in
+               (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))]
+        size = sum(sizes.get(k, 0) for k in own)
+        if own:
+            units.append((name, size))
+    return dev.plan_device_map(units, ordered)
+
+
+def _canonical_device(name: str, facts: dev.TorchFacts) -> str:
+    device = dev.resolve_device(name, 0, facts)
+    return f"cuda:{device.index}" if device.type == "cuda" else device.type
+
+
+def _device_rank(name: str) -> tuple[int, int]:
+    if name.startswith("cuda"):
+        return (0, int(name.partition(":")[2] or 0))
+    return (1, 0) if name == "mps" else (2, 0)
+
+
+def add_device_alignment(module: nn.Module, placement: Mapping[str, torch.device]) -> None:
+    """Move a submodule's tensor inputs to its device before it runs, so a split model runs."""
+    for name, device in placement.items():
+        sub = module.get_submodule(name) if name else module
+
+        def align(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  device: torch.device = device) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return _to_device(args, device), _to_device(kwargs, device)
+
+        sub.register_forward_pre_hook(align, with_kwargs=True)
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device) for v in value)
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value

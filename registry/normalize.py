@@ -1,0 +1,322 @@
+"""Anything trainable -> NormalizedWeights: clean keys, CPU contiguous tensors, facts about the source.
+
+Push normalizes so that pull never has to guess: wrappers (DataParallel, DDP, torch.compile,
+FSDP, activation checkpointing) are unwrapped, their key prefixes stripped, tensors detached and
+moved to the CPU, tied tensors stored once with their aliases recorded, and anything that cannot
+be stored faithfully is refused with the key that holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoints import read_checkpoint
+from .errors import NormalizationError
+
+# Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
+_WRAPPER_ATTRS = (
+    ("_orig_mod", "torch.compile"),
+    ("_fsdp_wrapped_module", "FullyShardedDataParallel"),
+    ("_checkpoint_wrapped_module", "CheckpointWrapper"),
+)
+# Prefixes that only wrappers produce, so they are stripped wherever they occur in a key.
+_ANYWHERE_PREFIXES = {
+    "_orig_mod": "torch.compile",
+    "_fsdp_wrapped_module": "FullyShardedDataParallel",
+    "_checkpoint_wrapped_module": "CheckpointWrapper",
+}
+_DATA_PARALLEL = "DataParallel/DistributedDataParallel"
+_FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+@dataclass
+class NormalizedWeights:
+    """Tensors ready to serialize, plus what the manifest records about them."""
+
+    tensors: dict[str, torch.Tensor]
+    tied: dict[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, Any] = field(default_factory=dict)
+
+
+def normalize(
+    model: nn.Module | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    precision: str | None = None,
+    keep_in_fp32: Iterable[str] = (),
+) -> NormalizedWeights:
+    """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`."""
+    wrapping: list[str] = []
+    source: dict[str, Any] = {}
+    architecture: dict[str, Any] = {}
+    declared_fp32 = list(keep_in_fp32)
+    if isinstance(model, nn.Module):
+        inner, wrapping = unwrap(model)
+        architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
+        declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
+        raw = _module_state_dict(inner)
+        source["input"] = "module"
+        params = sum(p.numel() for p in {id(p): p for p in inner.parameters()}.values())
+    elif isinstance(model, Mapping):
+        raw = dict(model)
+        source["input"] = "state_dict"
+        params = None
+    elif isinstance(model, (str, os.PathLike)):
+        checkpoint = read_checkpoint(model)
+        raw = checkpoint.state_dict
+        source["input"] = "checkpoint"
+        source["checkpoint"] = {
+            "file": os.path.basename(os.fspath(model)),
+            "format": checkpoint.format,
+            **({"key": checkpoint.nested_key} if checkpoint.nested_key else {}),
+        }
+        params = None
+    else:
+        raise NormalizationError(
+            f"cannot push a {type(model).__name__}: pass an nn.Module, a dict of name -> tensor, "
+            "or the path of a .safetensors/.pt/.pth/.bin/.ckpt file"
+        )
+
+    renamed, prefix_wrapping = _strip_wrapper_keys(raw)
+    for name in prefix_wrapping:
+        if name not in wrapping and not (name == _DATA_PARALLEL and _is_data_parallel(wrapping)):
+            wrapping.append(name)
+
+    tensors: dict[str, torch.Tensor] = {}
+    extras: dict[str, Any] = {}
+    devices: set[str] = set()
+    for key, value in renamed.items():
+        if isinstance(value, torch.Tensor):
+            _check_storable(key, value)
+            devices.add(str(value.device))
+            tensors[key] = value
+        else:
+            extras[key] = _json_value(key, value)
+    if source["input"] == "checkpoint":
+        # The tensors are on the CPU now; the file says where they were written. A safetensors
+        # file does not record devices at all.
+        devices = set(checkpoint.devices)
+
+    kept, tied = _dedupe_shared(tensors)
+    if params is None:
+        params = sum(t.numel() for t in kept.values())
+    dtypes: dict[str, int] = {}
+    for t in kept.values():
+        name = dtype_name(t.dtype)
+        dtypes[name] = dtypes.get(name, 0) + 1
+    source.update(
+        devices=sorted(devices, key=_device_sort_key),
+        dtypes=dict(sorted(dtypes.items())),
+        wrapping=wrapping,
+        precision=precision if precision is not None else _infer_precision(kept.values()),
+        keep_in_fp32=sorted(set(declared_fp32)),
+        tied=tied,
+        params=params,
+        size_bytes=sum(t.numel() * t.element_size() for t in kept.values()),
+        torch_version=torch.__version__,
+        python_version=platform.python_version(),
+    )
+    return NormalizedWeights(kept, tied, extras, source, architecture)
+
+
+def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """Peel wrapper objects off ``model``; return the inner module and the wrappers, outermost first."""
+    wrapping: list[str] = []
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            wrapping.append(type(model).__name__)
+            model = model.module
+            continue
+        for attr, label in _WRAPPER_ATTRS:
+            inner = model._modules.get(attr) if attr != "_orig_mod" else getattr(model, attr, None)
+            if isinstance(inner, nn.Module):
+                wrapping.append(label)
+                model = inner
+                break
+        else:
+            return model, wrapping
+
+
+def factory_string(factory: object) -> str:
+    """``"package.module:callable"`` for a factory given as a string or as a callable."""
+    if isinstance(factory, str):
+        if not _FACTORY_RE.fullmatch(factory):
+            raise NormalizationError(
+                f"invalid factory {factory!r}: use 'package.module:callable', e.g. "
+                "'torchvision.models:resnet18'"
+            )
+        return factory
+    if callable(factory):
+        module = getattr(factory, "__module__", None)
+        qualname = getattr(factory, "__qualname__", None)
+        if not module or not qualname or "<" in qualname or module == "__main__":
+            raise NormalizationError(
+                f"factory {factory!r} cannot be recorded: it must be importable by name (a "
+                "top-level function or class in a module, not a lambda, local or __main__ object)"
+            )
+        return f"{module}:{qualname}"
+    raise NormalizationError(f"factory must be a 'module:callable' string or a callable, "
+                             f"got {type(factory).__name__}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _is_data_parallel(wrapping: list[str]) -> bool:
+    return any(w in ("DataParallel", "DistributedDataParallel") for w in wrapping)
+
+
+def _module_state_dict(module: nn.Module) -> dict[str, Any]:
+    state = module.state_dict()
+    # DataParallel/DDP nested inside the model add a "module." component at their own path.
+    for path, sub in module.named_modules():
+        if path and isinstance(sub, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner_prefix, outer_prefix = f"{path}.module.", f"{path}."
+            state = {
+                (outer_prefix + k[len(inner_prefix):] if k.startswith(inner_prefix) else k): v
+                for k, v in state.items()
+            }
+    return dict(state)
+
+
+def _strip_wrapper_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Strip wrapper prefixes from every key; refuse two keys that become one."""
+    for key in raw:
+        if not isinstance(key, str):
+            raise NormalizationError(f"state dict key {key!r} is not a string")
+    tensor_keys = [k for k, v in raw.items() if isinstance(v, torch.Tensor)]
+    leading = 0
+    while tensor_keys and all(
+        k.split(".")[leading] == "module" and k.count(".") > leading for k in tensor_keys
+    ):
+        leading += 1
+    seen_order: list[str] = []
+    renamed: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for key, value in raw.items():
+        parts = key.split(".")
+        labels = []
+        if isinstance(value, torch.Tensor) and leading:
+            parts = parts[leading:]
+            labels += [_DATA_PARALLEL] * leading
+        kept_parts = []
+        for part in parts[:-1]:
+            if part in _ANYWHERE_PREFIXES:
+                labels.append(_ANYWHERE_PREFIXES[part])
+            else:
+                kept_parts.append(part)
+        new_key = ".".join(kept_parts + parts[-1:])
+        if new_key in renamed:
+            raise NormalizationError(
+                f"keys {origin[new_key]!r} and {key!r} both become {new_key!r} once wrapper "
+                "prefixes are stripped; remove one of them before pushing"
+            )
+        renamed[new_key] = value
+        origin[new_key] = key
+        for label in labels:
+            if label not in seen_order:
+                seen_order.append(label)
+    return renamed, seen_order
+
+
+def _check_storable(key: str, tensor: torch.Tensor) -> None:
+    if tensor.is_sparse or tensor.layout != torch.strided:
+        raise NormalizationError(
+            f"tensor {key!r} is sparse ({tensor.layout}); call .to_dense() on it before pushing"
+        )
+    if tensor.is_quantized:
+        raise NormalizationError(
+            f"tensor {key!r} is quantized ({tensor.dtype}); push the float model and quantize "
+            "after pulling"
+        )
+    if tensor.is_meta:
+        raise NormalizationError(
+            f"tensor {key!r} is on the meta device and has no data; load real weights before "
+            "pushing"
+        )
+    if getattr(tensor, "is_nested", False):
+        raise NormalizationError(f"tensor {key!r} is a nested tensor, which cannot be stored")
+
+
+def _json_value(key: str, value: Any) -> Any:
+    if isinstance(value, (nn.Module, torch.Tensor)) or _contains_tensor(value):
+        raise NormalizationError(
+            f"entry {key!r} holds tensors inside a {type(value).__name__}; a state dict must map "
+            "names to tensors (flatten it, or push the weights dict on its own)"
+        )
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NormalizationError(
+            f"entry {key!r} is a {type(value).__name__}, which is neither a tensor nor JSON "
+            f"({exc}); remove it or convert it to numbers/strings/lists/dicts"
+        ) from None
+    return json.loads(text)
+
+
+def _contains_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_contains_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_contains_tensor(v) for v in value)
+    return False
+
+
+def _dedupe_shared(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Store each distinct tensor once; identical views become aliases, overlaps become copies."""
+    by_view: dict[tuple[Any, ...], str] = {}
+    storages: dict[tuple[str, int], int] = {}
+    for t in tensors.values():
+        if t.numel():
+            sk = (str(t.device), t.untyped_storage().data_ptr())
+            storages[sk] = storages.get(sk, 0) + 1
+    kept: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    for key, t in tensors.items():
+        if t.numel():
+            view = (str(t.device), t.untyped_storage().data_ptr(), t.storage_offset(),
+                    tuple(t.shape), t.stride(), t.dtype)
+            if view in by_view:
+                tied[key] = by_view[view]
+                storages[(view[0], view[1])] -= 1
+                continue
+            by_view[view] = key
+        kept[key] = t
+    out: dict[str, torch.Tensor] = {}
+    for key, t in kept.items():
+        t = t.detach()
+        shared = t.numel() and storages[(str(t.device), t.untyped_storage().data_ptr())] > 1
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        elif shared:
+            # Another stored tensor overlaps this storage: give this one bytes of its own.
+            t = t.clone()
+        out[key] = t.contiguous()
+    return out, tied
+
+
+def _infer_precision(tensors: Iterable[torch.Tensor]) -> str:
+    floats = {dtype_name(t.dtype) for t in tensors if t.is_floating_point()}
+    if not floats:
+        return "float32"
+    if len(floats) == 1:
+        return floats.pop()
+    return "mixed"
+
+
+def _device_sort_key(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return (kind, int(index) if index.isdigit() else -1)

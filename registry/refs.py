@@ -1,0 +1,149 @@
+"""Refs: how a user names a model version.
+
+    name                      the latest version
+    name:latest               the same, spelled out
+    name:v3  or  name:3       version 3
+    name@production           the version the alias points at
+    name@sha256:<64 hex>      the newest version whose weights have that digest
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import RefError
+
+NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"
+ALIAS_PATTERN = r"[a-z][a-z0-9_-]{0,62}"
+MAX_VERSION = 2**31 - 1
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_ALIAS_RE = re.compile(ALIAS_PATTERN)
+_RESERVED_ALIAS_RE = re.compile(r"latest|v\d+")
+_VERSION_RE = re.compile(r"v?([1-9][0-9]*)")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed ref; at most one of ``version``, ``alias`` and ``digest`` is set."""
+
+    name: str
+    version: int | None = None
+    alias: str | None = None
+    digest: str | None = None
+
+    @property
+    def is_latest(self) -> bool:
+        return self.version is None and self.alias is None and self.digest is None
+
+    def __str__(self) -> str:
+        if self.version is not None:
+            return f"{self.name}:v{self.version}"
+        if self.alias is not None:
+            return f"{self.name}@{self.alias}"
+        if self.digest is not None:
+            return f"{self.name}@{self.digest}"
+        return self.name
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid model name, else raise :class:`RefError`."""
+    if not isinstance(name, str):
+        raise RefError(f"model name must be a string, got {type(name).__name__}")
+    if not _NAME_RE.fullmatch(name):
+        raise RefError(
+            f"invalid model name {name!r}: use 1-128 characters of lowercase letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit (e.g. 'resnet18')"
+        )
+    return name
+
+
+def validate_alias(alias: object) -> str:
+    """Return ``alias`` if it is a valid alias, else raise :class:`RefError`."""
+    if not isinstance(alias, str):
+        raise RefError(f"alias must be a string, got {type(alias).__name__}")
+    if _RESERVED_ALIAS_RE.fullmatch(alias):
+        raise RefError(
+            f"alias {alias!r} is reserved: 'latest' and 'v<digits>' already name versions; "
+            "pick another alias such as 'production'"
+        )
+    if not _ALIAS_RE.fullmatch(alias):
+        raise RefError(
+            f"invalid alias {alias!r}: use 1-63 characters of lowercase letters, digits, '_' or "
+            "'-', starting with a letter (e.g. 'production')"
+        )
+    return alias
+
+
+def validate_version(version: object) -> int:
+    """Accept ``3``, ``"3"`` or ``"v3"``; return the version number."""
+    if isinstance(version, bool):
+        raise RefError(f"invalid version {version!r}: use a positive integer such as 3 or 'v3'")
+    if isinstance(version, int):
+        number = version
+    elif isinstance(version, str) and (m := _VERSION_RE.fullmatch(version)):
+        number = int(m.group(1))
+    else:
+        raise RefError(
+            f"invalid version {version!r}: use a positive integer such as 3 or 'v3' "
+            "(no leading zeros)"
+        )
+    if not 1 <= number <= MAX_VERSION:
+        raise RefError(f"invalid version {version!r}: versions run from 1 to {MAX_VERSION}")
+    return number
+
+
+def parse(text: object) -> Ref:
+    """Parse a ref string; raise :class:`RefError` naming the part that is wrong."""
+    if isinstance(text, Ref):
+        return text
+    if not isinstance(text, str):
+        raise RefError(f"ref must be a string such as 'resnet18:v3', got {type(text).__name__}")
+    if not text:
+        raise RefError("empty ref: use 'name', 'name:v3', 'name@alias' or 'name@sha256:<hex>'")
+    if "@" in text:
+        name, _, selector = text.partition("@")
+        validate_name(name)
+        if selector.startswith("sha256:"):
+            if not _DIGEST_RE.fullmatch(selector):
+                raise RefError(
+                    f"invalid digest {selector!r} in ref {text!r}: expected 'sha256:' followed by "
+                    "64 lowercase hex digits"
+                )
+            return Ref(name, digest=selector)
+        if not selector:
+            raise RefError(f"ref {text!r} has an empty alias after '@'")
+        try:
+            return Ref(name, alias=validate_alias(selector))
+        except RefError as exc:
+            raise RefError(f"in ref {text!r}: {exc}") from None
+    if ":" in text:
+        name, _, selector = text.partition(":")
+        validate_name(name)
+        if selector == "latest":
+            return Ref(name)
+        if not selector:
+            raise RefError(f"ref {text!r} has an empty version after ':'; use e.g. '{name}:v1'")
+        try:
+            return Ref(name, version=validate_version(selector))
+        except RefError:
+            raise RefError(
+                f"invalid version {selector!r} in ref {text!r}: use 'v3', '3' or 'latest'"
+            ) from None
+    return Ref(validate_name(text))
+
+
+def parse_push_target(text: object) -> tuple[str, int | None]:
+    """Parse the ``name`` argument of push: ``"resnet18"`` or ``"resnet18:v7"`` (a claim)."""
+    ref = parse(text)
+    if ref.alias is not None or ref.digest is not None:
+        raise RefError(
+            f"cannot push to {text!r}: push takes 'name' or 'name:vN'; "
+            "set aliases with aliases=[...] instead"
+        )
+    if isinstance(text, str) and text.endswith(":latest"):
+        raise RefError(f"cannot push to {text!r}: 'latest' is assigned, not claimed; push to "
+                       f"{ref.name!r}")
+    return ref.name, ref.version

@@ -1,0 +1,139 @@
+"""Configuration: one frozen object built from the environment when it is needed, never at import.
+
+| variable                    | default                               |
+|-----------------------------|---------------------------------------|
+| REGISTRY_HOME               | ~/.registry                           |
+| REGISTRY_CATALOG_URL        | sqlite:///$REGISTRY_HOME/registry.db  |
+| REGISTRY_STORE_URL          | file://$REGISTRY_HOME/objects         |
+| REGISTRY_CACHE_DIR          | $REGISTRY_HOME/cache                  |
+| REGISTRY_TRUSTED_FACTORIES  | torchvision.models,timm               |
+| REGISTRY_AUTO_MIGRATE       | true for SQLite catalogs, else false  |
+| REGISTRY_S3_ENDPOINT_URL    | AWS_ENDPOINT_URL_S3, else AWS's own   |
+| REGISTRY_URI, REGISTRY_TOKEN| unset: the embedded registry          |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import SettingsError
+
+DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
+_MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the registry keeps its catalog, objects and cache, and what it trusts."""
+
+    home: Path
+    catalog_url: str
+    store_url: str
+    cache_dir: Path
+    trusted_factories: tuple[str, ...] = DEFAULT_TRUSTED_FACTORIES
+    auto_migrate: bool = True
+    s3_endpoint_url: str | None = None
+    uri: str | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        home: str | os.PathLike[str] | None = None,
+        catalog: str | None = None,
+        store: str | None = None,
+    ) -> Settings:
+        """Read the environment now; explicit arguments win over variables."""
+        env = os.environ if environ is None else environ
+        home_path = _path(home, "home") if home is not None else _home_from(env)
+        catalog_url = catalog if catalog is not None else env.get("REGISTRY_CATALOG_URL") or None
+        catalog_var = "catalog" if catalog is not None else "REGISTRY_CATALOG_URL"
+        if catalog_url is None:
+            catalog_url = f"sqlite:///{home_path / 'registry.db'}"
+        elif not _CATALOG_SCHEME_RE.fullmatch(catalog_url):
+            raise SettingsError(
+                f"{catalog_var}={_redact(catalog_url)!r} is not a SQLAlchemy URL; use e.g. "
+                "'sqlite:////path/registry.db' or 'postgresql+psycopg://user@host/db'"
+            )
+        store_url = store if store is not None else env.get("REGISTRY_STORE_URL") or None
+        store_var = "store" if store is not None else "REGISTRY_STORE_URL"
+        if store_url is None:
+            store_url = (home_path / "objects").as_uri()
+        elif not (store_url.startswith("file://") or store_url.startswith("s3://")):
+            raise SettingsError(
+                f"{store_var}={store_url!r} is not supported; use 'file:///absolute/path' or "
+                "'s3://bucket/prefix'"
+            )
+        cache_raw = env.get("REGISTRY_CACHE_DIR")
+        cache_dir = _path(cache_raw, "REGISTRY_CACHE_DIR") if cache_raw else home_path / "cache"
+        auto_default = catalog_url.startswith("sqlite")
+        return cls(
+            home=home_path,
+            catalog_url=catalog_url,
+            store_url=store_url,
+            cache_dir=cache_dir,
+            trusted_factories=_prefixes(env.get("REGISTRY_TRUSTED_FACTORIES")),
+            auto_migrate=_bool(env.get("REGISTRY_AUTO_MIGRATE"), "REGISTRY_AUTO_MIGRATE",
+                               auto_default),
+            s3_endpoint_url=env.get("REGISTRY_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")
+            or None,
+            uri=env.get("REGISTRY_URI") or None,
+            token=env.get("REGISTRY_TOKEN") or None,
+        )
+
+    def with_overrides(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _home_from(env: Mapping[str, str]) -> Path:
+    raw = env.get("REGISTRY_HOME")
+    if raw:
+        return _path(raw, "REGISTRY_HOME")
+    return Path.home() / ".registry"
+
+
+def _path(raw: str | os.PathLike[str], variable: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"{variable}={str(raw)!r} exists and is not a directory")
+    return path
+
+
+def _prefixes(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return DEFAULT_TRUSTED_FACTORIES
+    items = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for item in items:
+        if not _MODULE_PREFIX_RE.fullmatch(item):
+            raise SettingsError(
+                f"REGISTRY_TRUSTED_FACTORIES has {item!r}, which is not a Python module path; "
+                "use comma-separated prefixes such as 'torchvision.models,mypkg.models'"
+            )
+    return items
+
+
+def _bool(raw: str | None, variable: str, default: bool) -> bool:
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(f"{variable}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a URL before it goes into a message."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

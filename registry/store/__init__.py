@@ -1,0 +1,77 @@
+"""Object stores: where blobs and manifests live, addressed by store-relative keys.
+
+Keys look like ``blobs/sha256/<hex>`` and ``manifests/<name>/v3.json``; a store never sees refs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..errors import SettingsError
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+Progress = Callable[[int], None]
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What the registry needs from a place that keeps bytes."""
+
+    url: str
+
+    def has(self, key: str) -> int | None:
+        """Size of the object at ``key``, or None if there is none."""
+
+    def put_file(self, key: str, path: Path, *, move: bool = False) -> None:
+        """Store the file at ``path`` under ``key`` atomically (``move`` may consume it)."""
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Store small ``data`` under ``key`` atomically, replacing what was there."""
+
+    def get_bytes(self, key: str) -> bytes:
+        """The whole object; raises NotFoundError if it is missing."""
+
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
+        """Download the object into ``path`` (a temporary file the caller owns)."""
+
+    def open_local(self, key: str) -> Path | None:
+        """A local path to read the object in place, for stores on this filesystem."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object; missing objects are fine."""
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Every key under ``prefix``."""
+
+    def uri(self, key: str) -> str:
+        """A URI naming the object (for humans and for MLflow's ``source``)."""
+
+
+def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
+    """The store a URL names: ``file:///path`` or ``s3://bucket/prefix``."""
+    if url.startswith("file://"):
+        from .file import FileStore
+
+        return FileStore(Path(_file_path(url)))
+    if url.startswith("s3://"):
+        from .s3 import S3Store
+
+        return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url if settings else None)
+    raise SettingsError(f"store URL {url!r} is not supported; use file:///path or s3://bucket/prefix")
+
+
+def _file_path(url: str) -> str:
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise SettingsError(f"store URL {url!r} names host {parsed.netloc!r}; use file:///abs/path")
+    path = unquote(parsed.path)
+    if not os.path.isabs(path):
+        raise SettingsError(f"store URL {url!r} must hold an absolute path (file:///abs/path)")
+    return path
