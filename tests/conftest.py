@@ -1,0 +1,51 @@
+"""Fixtures shared by the whole suite. Every test gets its own REGISTRY_HOME."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import registry
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_service(what: str, reason: str) -> None:
+    """Skip locally when a service is missing; fail under CI=true, where it must exist."""
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI but unavailable: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in list(os.environ):
+        if key.startswith("REGISTRY_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("REGISTRY_HOME", str(tmp_path / "home"))
+    yield
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def reg(home: Path) -> Iterator[registry.Registry]:
+    r = registry.Registry(home=home)
+    yield r
+    r.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
