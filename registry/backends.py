@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import manifest as mf
 from ._progress import transfer
@@ -40,6 +40,38 @@ class GcReport:
     stale_pushes: int = 0
 
 
+class Backend(Protocol):
+    """What the Registry facade needs; LocalBackend and the server's remote client implement it."""
+
+    def staging_dir(self) -> Path: ...
+
+    def push(self, name: str, version: int | None, blob: Path, digest: str, size: int,
+             manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
+             aliases: Iterable[str]) -> VersionRecord: ...
+
+    def resolve(self, ref: Ref) -> VersionRecord: ...
+
+    def blob_path(self, digest: str, size: int) -> Path: ...
+
+    def list_models(self) -> list[str]: ...
+
+    def list_versions(self, name: str) -> list[VersionRecord]: ...
+
+    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord: ...
+
+    def delete_alias(self, name: str, alias: str) -> None: ...
+
+    def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord: ...
+
+    def delete_version(self, name: str, version: int) -> VersionRecord: ...
+
+    def gc(self) -> GcReport: ...
+
+    def rebuild(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class LocalBackend:
     """A SQL catalog plus an object store, driven in-process."""
 
@@ -61,6 +93,9 @@ class LocalBackend:
             store or open_store(settings.store_url, settings),
             settings.cache_dir,
         )
+
+    def close(self) -> None:
+        self.catalog.close()
 
     def staging_dir(self) -> Path:
         """Where a push serializes, chosen so that handing the file to the store is a rename."""

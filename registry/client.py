@@ -15,7 +15,7 @@ from torch import nn
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from .backends import GcReport, LocalBackend
+from .backends import Backend, GcReport, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import RefError, SettingsError
 from .manifest import ModelVersion
@@ -60,7 +60,7 @@ class Registry:
                 f"remote registry {uri!r} requested, but this version only runs the embedded "
                 "registry; unset REGISTRY_URI (and REGISTRY_TOKEN) to use it"
             )
-        self._backend = LocalBackend.from_settings(
+        self._backend: Backend = LocalBackend.from_settings(
             self.settings,
             catalog=None if catalog is None or isinstance(catalog, str) else catalog,
             store=None if store is None or isinstance(store, str) else store,
@@ -71,7 +71,7 @@ class Registry:
                 f"store={self._backend.store.url!r})")
 
     @property
-    def backend(self) -> LocalBackend:
+    def backend(self) -> Backend:
         return self._backend
 
     # -- push -----------------------------------------------------------------------------
@@ -289,7 +289,7 @@ class Registry:
         return self._backend.gc()
 
     def close(self) -> None:
-        self._backend.catalog.close()
+        self._backend.close()
 
 
 # -- helpers ------------------------------------------------------------------------------
