@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,13 +88,16 @@ def _read_pickle(path: Path) -> Checkpoint:
     try:
         obj = torch.load(path, map_location=keep_on_cpu, weights_only=True, mmap=_can_mmap(path))
     except pickle.UnpicklingError as exc:
-        reason = str(exc).split("\n")
-        detail = next((line.strip() for line in reversed(reason) if "GLOBAL" in line), "")
+        globals_ = re.findall(r"GLOBAL ([\w.]+)", str(exc))
+        if not globals_:
+            raise CheckpointError(
+                f"{str(path)!r} is not a readable torch checkpoint (the pickle stream is invalid "
+                "or truncated)"
+            ) from None
         raise UnsafeCheckpointError(
-            f"refused {str(path)!r}: it pickles Python objects, not just tensors, so loading it "
-            "would run code from the file; it was not executed"
-            + (f" ({detail})" if detail else "")
-            + ". Save model.state_dict() with torch.save, or push the module itself"
+            f"refused {str(path)!r}: it pickles Python objects ({', '.join(sorted(set(globals_)))}), "
+            "not just tensors, so loading it would run code from the file; it was not executed. "
+            "Save model.state_dict() with torch.save, or push the module itself"
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(

@@ -52,6 +52,11 @@ class Encoder(nn.Module):
         return self.decoder(self.encoder(x))
 
 
+def make_mlp(width: int = 8) -> MLP:
+    """A factory function (not a class), as torchvision's are."""
+    return MLP(width)
+
+
 def trained_mlp(seed: int = 0) -> MLP:
     """An MLP whose BatchNorm statistics have moved, so a bad load is visible."""
     torch.manual_seed(seed)

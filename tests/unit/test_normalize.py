@@ -1,0 +1,228 @@
+"""Push-side normalization: unwrapping, prefix stripping, ties, refusals, source facts."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from registry import CheckpointError, NormalizationError, UnsafeCheckpointError
+from registry.normalize import factory_string, normalize, unwrap
+from tests.helpers import MLP, TiedLM, save_as_if_on, trained_mlp
+
+
+def test_module_input_records_class_params_and_facts() -> None:
+    model = trained_mlp()
+    w = normalize(model)
+    assert w.architecture["class"] == "tests.helpers:MLP"
+    assert set(w.tensors) == set(model.state_dict())
+    assert w.source["params"] == sum(p.numel() for p in model.parameters())
+    assert w.source["devices"] == ["cpu"]
+    assert w.source["dtypes"] == {"float32": 8, "int64": 1}
+    assert w.source["wrapping"] == []
+    assert w.source["precision"] == "float32"
+    assert w.source["size_bytes"] == sum(t.numel() * t.element_size() for t in w.tensors.values())
+    assert w.source["torch_version"] == torch.__version__
+
+
+@pytest.mark.parametrize(
+    ("wrap", "expected"),
+    [
+        (lambda m: nn.DataParallel(m), ["DataParallel"]),
+        (lambda m: torch.compile(m), ["torch.compile"]),
+        (lambda m: torch.compile(nn.DataParallel(m)), ["torch.compile", "DataParallel"]),
+        (lambda m: nn.DataParallel(nn.DataParallel(m)), ["DataParallel", "DataParallel"]),
+    ],
+)
+def test_wrapper_objects_are_unwrapped(wrap, expected: list[str]) -> None:  # type: ignore[no-untyped-def]
+    model = trained_mlp()
+    w = normalize(wrap(model))
+    assert w.source["wrapping"] == expected
+    assert sorted(w.tensors) == sorted(model.state_dict())
+    for key, value in model.state_dict().items():
+        assert torch.equal(w.tensors[key], value)
+
+
+def test_prefixed_state_dict_keys_are_stripped_and_wrapping_inferred() -> None:
+    sd = trained_mlp().state_dict()
+    prefixed = {f"module._orig_mod._fsdp_wrapped_module.{k}": v for k, v in sd.items()}
+    w = normalize(prefixed)
+    assert sorted(w.tensors) == sorted(sd)
+    assert w.source["wrapping"] == ["DataParallel/DistributedDataParallel", "torch.compile",
+                                    "FullyShardedDataParallel"]
+
+
+def test_repeated_module_prefix_and_inner_checkpoint_wrappers() -> None:
+    sd = {"module.module.layers.0._checkpoint_wrapped_module.weight": torch.ones(2),
+          "module.module.layers.1._checkpoint_wrapped_module.weight": torch.zeros(2)}
+    w = normalize(sd)
+    assert sorted(w.tensors) == ["layers.0.weight", "layers.1.weight"]
+    assert w.source["wrapping"] == ["DataParallel/DistributedDataParallel", "CheckpointWrapper"]
+
+
+def test_a_submodule_named_module_is_not_mistaken_for_a_wrapper() -> None:
+    sd = {"module.weight": torch.ones(1), "head.weight": torch.ones(1)}
+    assert sorted(normalize(sd).tensors) == ["head.weight", "module.weight"]
+
+
+def test_nested_data_parallel_inside_a_model() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    model.add_module("inner", nn.DataParallel(nn.Linear(2, 2)))
+    w = normalize(model)
+    assert sorted(w.tensors) == ["0.bias", "0.weight", "inner.bias", "inner.weight"]
+
+
+def test_keys_colliding_after_stripping_name_both() -> None:
+    sd = {"_orig_mod.fc.weight": torch.ones(1), "fc.weight": torch.zeros(1)}
+    with pytest.raises(NormalizationError, match="'_orig_mod.fc.weight' and 'fc.weight'"):
+        normalize(sd)
+
+
+def test_tied_weights_stored_once_with_alias() -> None:
+    model = TiedLM()
+    w = normalize(model)
+    assert w.tied == {"lm_head.weight": "embed.weight"}
+    assert "lm_head.weight" not in w.tensors
+    assert w.source["tied"] == {"lm_head.weight": "embed.weight"}
+
+
+def test_overlapping_views_get_their_own_bytes() -> None:
+    base = torch.arange(8.0)
+    w = normalize({"a": base[:4], "b": base[4:], "c": base[:4]})
+    assert w.tied == {"c": "a"}
+    assert torch.equal(w.tensors["a"], torch.arange(4.0))
+    assert torch.equal(w.tensors["b"], torch.arange(4.0, 8.0))
+    ptrs = {t.untyped_storage().data_ptr() for t in w.tensors.values()}
+    assert len(ptrs) == 2
+
+
+def test_tensors_are_detached_contiguous_cpu() -> None:
+    t = torch.randn(3, 4, requires_grad=True)
+    w = normalize({"t": t.t()})
+    out = w.tensors["t"]
+    assert out.is_contiguous() and not out.requires_grad and out.device.type == "cpu"
+    assert torch.equal(out, t.detach().t())
+
+
+def test_json_extras_are_kept() -> None:
+    w = normalize({"w": torch.ones(1), "epoch": 3, "config": {"lr": 0.1, "layers": [1, 2]}})
+    assert w.extras == {"epoch": 3, "config": {"lr": 0.1, "layers": [1, 2]}}
+    assert list(w.tensors) == ["w"]
+
+
+def _quantized() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated, but users have them
+        return torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (torch.ones(2, 2).to_sparse(), "sparse"),
+        (_quantized(), "quantized"),
+        (torch.empty(2, device="meta"), "meta device"),
+        (object(), "neither a tensor nor JSON"),
+        ({"inner": torch.ones(1)}, "holds tensors"),
+        (float("nan"), "neither a tensor nor JSON"),
+    ],
+)
+def test_unstorable_entries_are_refused_by_key(value: object, message: str) -> None:
+    with pytest.raises(NormalizationError, match=message) as info:
+        normalize({"good": torch.ones(1), "bad.key": value})
+    assert "'bad.key'" in str(info.value)
+
+
+def test_precision_declared_or_inferred() -> None:
+    half = {"a": torch.ones(2, dtype=torch.float16), "n": torch.tensor(3)}
+    assert normalize(half).source["precision"] == "float16"
+    mixed = {"a": torch.ones(2, dtype=torch.float16), "b": torch.ones(2)}
+    assert normalize(mixed).source["precision"] == "mixed"
+    assert normalize(mixed, precision="amp-fp16").source["precision"] == "amp-fp16"
+    assert normalize({"b": torch.ones(1, dtype=torch.bfloat16)}).source["precision"] == "bfloat16"
+
+
+def test_cuda_tagged_pickle_records_devices_without_a_gpu(tmp_path: Path) -> None:
+    path = save_as_if_on(trained_mlp().state_dict(), tmp_path / "gpu.pt", "cuda:3")
+    with pytest.raises(RuntimeError, match="Attempting to deserialize object on a CUDA device"):
+        torch.load(path, weights_only=True)
+    w = normalize(path)
+    assert w.source["devices"] == ["cuda:3"]
+    assert w.source["checkpoint"] == {"file": "gpu.pt", "format": "torch-pickle"}
+    assert all(t.device.type == "cpu" for t in w.tensors.values())
+
+
+@pytest.mark.parametrize("key", ["state_dict", "model_state_dict", "model", "module"])
+def test_nested_training_checkpoints(tmp_path: Path, key: str) -> None:
+    sd = trained_mlp().state_dict()
+    ckpt = {"epoch": 7, key: sd, "optimizer_states": [{"lr": 0.1}]}
+    path = save_as_if_on(ckpt, tmp_path / "last.ckpt", "cuda:0")
+    w = normalize(path)
+    assert sorted(w.tensors) == sorted(sd)
+    assert w.source["checkpoint"]["key"] == key
+    assert w.source["devices"] == ["cuda:0"]
+
+
+def test_whole_model_pickle_is_refused_unexecuted(tmp_path: Path) -> None:
+    path = tmp_path / "model.pth"
+    torch.save(MLP(), path)
+    with pytest.raises(UnsafeCheckpointError, match="was not executed") as info:
+        normalize(path)
+    assert "state_dict" in str(info.value)
+    assert isinstance(info.value, CheckpointError)
+
+
+def test_unreadable_checkpoints(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        normalize(tmp_path / "missing.pt")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable torch checkpoint"):
+        normalize(junk)
+    weird = tmp_path / "weights.xyz"
+    weird.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match="cannot tell what"):
+        normalize(weird)
+    tensor_only = tmp_path / "t.pt"
+    torch.save(torch.ones(2), tensor_only)
+    with pytest.raises(CheckpointError, match="single tensor"):
+        normalize(tensor_only)
+    no_weights = tmp_path / "n.pt"
+    torch.save({"epoch": 1, "config": {"a": 1}}, no_weights)
+    with pytest.raises(CheckpointError, match="found no weights.*'epoch'"):
+        normalize(no_weights)
+
+
+def test_safetensors_file_input(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    sd = {k: v.contiguous() for k, v in trained_mlp().state_dict().items()}
+    save_file(sd, tmp_path / "w.safetensors")
+    w = normalize(tmp_path / "w.safetensors")
+    assert w.source["checkpoint"]["format"] == "safetensors"
+    assert w.source["devices"] == []
+    for k, v in sd.items():
+        assert torch.equal(w.tensors[k], v)
+
+
+def test_refuses_other_inputs() -> None:
+    with pytest.raises(NormalizationError, match="cannot push a int"):
+        normalize(42)  # type: ignore[arg-type]
+
+
+def test_unwrap_returns_inner_module() -> None:
+    inner = MLP()
+    assert unwrap(nn.DataParallel(inner)) == (inner, ["DataParallel"])
+
+
+def test_factory_string() -> None:
+    assert factory_string("torchvision.models:resnet18") == "torchvision.models:resnet18"
+    assert factory_string(MLP) == "tests.helpers:MLP"
+    for bad in ("resnet18", "a:b:c", "mod:"):
+        with pytest.raises(NormalizationError, match="invalid factory"):
+            factory_string(bad)
+    with pytest.raises(NormalizationError, match="importable by name"):
+        factory_string(lambda: MLP())
