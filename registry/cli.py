@@ -60,6 +60,9 @@ def cli() -> None:
     """A model registry for PyTorch: push any checkpoint, pull it on any device."""
 
 
+from . import cli_server  # noqa: E402,F401  (registers serve, token, mlflow and ui on cli)
+
+
 @cli.command()
 @click.argument("name")
 @click.argument("path", type=click.Path(dir_okay=False))
@@ -252,6 +255,27 @@ def db_rebuild(ctx: click.Context) -> None:
     """Rebuild the catalog from the store's manifests (after losing the database)."""
     count = _registry(ctx).backend.rebuild()
     click.echo(f"rebuilt the catalog: {count} version(s)")
+
+
+@cli.group()
+def store() -> None:
+    """Object store administration."""
+
+
+@store.command("init")
+def store_init() -> None:
+    """Create the bucket named by REGISTRY_STORE_URL (s3://bucket/prefix), if it is missing."""
+    from .settings import Settings
+    from .store import open_store
+
+    settings = Settings.from_env()
+    target = open_store(settings.store_url, settings)
+    create_bucket = getattr(target, "create_bucket", None)
+    if create_bucket is None:
+        click.echo(f"store {target.url} is a local directory; it is created on first push")
+        return
+    created = create_bucket()
+    click.echo(f"{'created' if created else 'found existing'} bucket for store {target.url}")
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -1,0 +1,334 @@
+"""A store on S3 or any S3-compatible service (MinIO, Ceph, moto), through boto3.
+
+``s3://bucket/prefix`` holds the same layout as the file store (``blobs/sha256/<hex>``,
+``manifests/<name>/v<N>.json``) under ``prefix``. boto3 is imported when a store is first used,
+never by ``import registry``.
+
+Transfers go through s3transfer's managed transfer: multipart uploads with concurrent parts, and
+downloads as concurrent ranged GETs written into the caller's temporary file (s3transfer writes to
+a sibling temp file, renames it over the target when complete, and removes it on failure). The
+caller (``BlobCache``) then verifies the sha256 and renames into the cache.
+
+Every botocore error is translated in one place, :func:`_mapped_errors`; messages name the
+endpoint, bucket and key, never credentials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlparse
+
+from .._progress import transfer
+from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
+from . import Progress
+
+DEFAULT_REGION = "us-east-1"
+# Parts of 16 MiB, 8 in flight: enough to fill a 10 Gb/s link to MinIO without holding much
+# memory (s3transfer buffers at most max_io_queue chunks).
+PART_SIZE = 16 * 2**20
+CONCURRENCY = 8
+MAX_ATTEMPTS = 4  # the first try and three retries: a few seconds of backoff, not minutes
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_MISSING_KEY_CODES = {"404", "NoSuchKey", "NotFound"}
+_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                 "ExpiredToken", "InvalidToken", "AllAccessDisabled"}
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``; the boto3 client is created on first use."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url or None
+        self.region = region
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, endpoint_url: str | None = None) -> S3Store:
+        """Parse ``s3://bucket[/prefix]``; ``endpoint_url`` points at MinIO or another service."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise SettingsError(f"store URL {url!r} names no bucket; use s3://bucket/prefix")
+        bucket = parsed.netloc
+        if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+            raise SettingsError(
+                f"store URL {url!r} has bucket {bucket!r}, which is not a valid S3 bucket name; "
+                "use 3-63 lowercase letters, digits, dots and hyphens"
+            )
+        if parsed.query or parsed.fragment or parsed.params:
+            raise SettingsError(f"store URL {url!r} must not carry a query or fragment; "
+                                "use s3://bucket/prefix")
+        prefix = parsed.path.strip("/")
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+            raise SettingsError(f"store URL {url!r} has an invalid prefix {parsed.path!r}")
+        if endpoint_url is not None:
+            endpoint = urlparse(endpoint_url)
+            if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
+                raise SettingsError(
+                    f"S3 endpoint {_redact(endpoint_url)!r} is not an http(s) URL; set "
+                    "REGISTRY_S3_ENDPOINT_URL to e.g. http://localhost:9000"
+                )
+        return cls(bucket, prefix, endpoint_url=endpoint_url)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint_url={self.where})"
+
+    # -- the client -----------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client (thread-safe once built; built once per store)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        # A session of our own: boto3's default session is not safe to share across threads.
+        session = boto3.session.Session()
+        region = self.region or session.region_name or DEFAULT_REGION
+        config = Config(
+            region_name=region,
+            # An explicit endpoint is MinIO or similar: bucket names go in the path, not the host.
+            s3={"addressing_style": "path"} if self.endpoint_url else {},
+            # Bounded retries with jittered backoff; AWS_MAX_ATTEMPTS, when set, is the bound.
+            retries={"mode": "standard"} if os.environ.get("AWS_MAX_ATTEMPTS")
+            else {"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+            connect_timeout=CONNECT_TIMEOUT_S,
+            read_timeout=READ_TIMEOUT_S,
+            max_pool_connections=CONCURRENCY * 2,
+        )
+        with self._mapped_errors():
+            return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+
+    @property
+    def where(self) -> str:
+        """The endpoint, for messages (never credentials)."""
+        if self.endpoint_url:
+            return _redact(self.endpoint_url)
+        return _redact(self._client.meta.endpoint_url) if self._client else "AWS S3"
+
+    def _transfer_config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(
+            multipart_threshold=PART_SIZE,
+            multipart_chunksize=PART_SIZE,
+            max_concurrency=CONCURRENCY,
+            use_threads=True,
+        )
+
+    def _key(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or any(p in ("", ".", "..") for p in parts) or "\\" in key:
+            raise RefError(f"invalid store key {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    # -- the ObjectStore protocol ---------------------------------------------------------
+
+    def has(self, key: str) -> int | None:
+        full = self._key(key)
+        try:
+            with self._mapped_errors(key, missing_ok=True):
+                head = self.client.head_object(Bucket=self.bucket, Key=full)
+        except _Missing:
+            return None
+        return int(head["ContentLength"])
+
+    def put_file(self, key: str, path: Path, *, move: bool = False,
+                 progress: Progress | None = None) -> None:
+        """Upload with s3transfer: multipart with concurrent parts above ``PART_SIZE``."""
+        from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
+
+        full = self._key(key)
+        size = os.path.getsize(path)
+        with contextlib.ExitStack() as stack:
+            if progress is None:
+                progress = stack.enter_context(transfer(size, f"push {Path(key).name[:12]}"))
+            with self._mapped_errors(key), \
+                    create_transfer_manager(self.client, self._transfer_config()) as manager:
+                future = manager.upload(str(path), self.bucket, full,
+                                        subscribers=[ProgressCallbackInvoker(progress)])
+                future.result()
+        if move:
+            Path(path).unlink(missing_ok=True)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        with self._mapped_errors(key):
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
+
+    def get_bytes(self, key: str) -> bytes:
+        full = self._key(key)
+        with self._mapped_errors(key):
+            response = self.client.get_object(Bucket=self.bucket, Key=full)
+            return bytes(response["Body"].read())
+
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
+        """Concurrent ranged GETs into ``path`` (s3transfer's managed download)."""
+        from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
+
+        full = self._key(key)
+        subscribers = [ProgressCallbackInvoker(progress)] if progress else None
+        with self._mapped_errors(key), \
+                create_transfer_manager(self.client, self._transfer_config()) as manager:
+            manager.download(self.bucket, full, str(path), subscribers=subscribers).result()
+
+    def open_local(self, key: str) -> Path | None:
+        self._key(key)
+        return None
+
+    def delete(self, key: str) -> None:
+        full = self._key(key)
+        with self._mapped_errors(key):
+            self.client.delete_object(Bucket=self.bucket, Key=full)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        # Directory semantics, as in the file store: "manifests/m1" must not match "m10".
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        base = f"{self.prefix}/" if self.prefix else ""
+        with self._mapped_errors():
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix)
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    yield item["Key"][len(base):]
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    # -- administration -------------------------------------------------------------------
+
+    def create_bucket(self) -> bool:
+        """Create the bucket (``registry store init``); False when it already exists."""
+        from botocore.exceptions import ClientError
+
+        kwargs: dict[str, Any] = {"Bucket": self.bucket}
+        region = self.client.meta.region_name
+        if region and region != DEFAULT_REGION:
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        with self._mapped_errors(bucket_op=True):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+                return False
+            except ClientError as exc:
+                if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                    raise
+            try:
+                self.client.create_bucket(**kwargs)
+            except ClientError as exc:
+                if _code(exc) == "BucketAlreadyOwnedByYou":
+                    return False
+                if _code(exc) == "BucketAlreadyExists":
+                    raise StoreUnavailableError(
+                        f"bucket {self.bucket!r} already exists and belongs to another account "
+                        f"at {self.where}; choose another bucket in REGISTRY_STORE_URL"
+                    ) from None
+                raise
+        return True
+
+    # -- errors ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped_errors(self, key: str | None = None, *, missing_ok: bool = False,
+                       bucket_op: bool = False) -> Iterator[None]:
+        """Translate botocore and s3transfer errors into registry errors, once."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionError,
+            CredentialRetrievalError,
+            HTTPClientError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+        from s3transfer.exceptions import RetriesExceededError
+
+        try:
+            yield
+        except ClientError as exc:
+            code = _code(exc)
+            if code == "NoSuchBucket":
+                self._raise_no_bucket()
+            if code in _MISSING_KEY_CODES and not bucket_op:
+                # HEAD answers a bare 404 for a missing bucket too: tell the two apart.
+                if not self._bucket_exists():
+                    self._raise_no_bucket()
+                if missing_ok:
+                    raise _Missing() from None
+                raise NotFoundError(
+                    f"object {key!r} not found in store {self.url} at {self.where}"
+                ) from None
+            if code in _DENIED_CODES:
+                raise StoreUnavailableError(
+                    f"store {self.url} at {self.where} refused the request ({code}); check the "
+                    "AWS credentials and the bucket policy"
+                ) from None
+            raise StoreUnavailableError(
+                f"store {self.url} at {self.where} failed"
+                + (f" on {key!r}" if key else "") + f": {code}"
+            ) from None
+        except (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError):
+            raise StoreUnavailableError(
+                f"no usable AWS credentials for store {self.url}; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+            ) from None
+        except (ConnectionError, HTTPClientError, RetriesExceededError) as exc:
+            raise StoreUnavailableError(
+                f"store {self.url} at {self.where} is unreachable ({type(exc).__name__}); check "
+                "that the endpoint is up and REGISTRY_S3_ENDPOINT_URL is right"
+            ) from None
+        except BotoCoreError as exc:
+            raise StoreUnavailableError(
+                f"store {self.url} at {self.where} failed ({type(exc).__name__}); check the S3 "
+                "settings (REGISTRY_STORE_URL, REGISTRY_S3_ENDPOINT_URL, AWS_REGION)"
+            ) from None
+
+    def _bucket_exists(self) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
+                return False
+        except BotoCoreError:
+            pass  # cannot tell; the caller reports the error it already has
+        return True
+
+    def _raise_no_bucket(self) -> NoReturn:
+        raise StoreUnavailableError(
+            f"bucket {self.bucket!r} does not exist at {self.where}; create it with "
+            "`registry store init` (or fix REGISTRY_STORE_URL)"
+        ) from None
+
+
+class _Missing(Exception):
+    """Internal: a key that is not there, for ``has``."""
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "")) or str(
+        exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "unknown"))
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"(://)[^/@]*@", r"\1***@", url)

@@ -1,0 +1,147 @@
+"""One contract, every store: the file store and the S3 store (moto over HTTP) behave alike."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from registry.errors import NotFoundError, RefError, RegistryError
+from registry.store import ObjectStore, open_store
+from registry.store.file import FileStore
+from registry.store.s3 import PART_SIZE, S3Store
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "file":
+        yield FileStore(tmp_path / "objects")
+        return
+    url = request.getfixturevalue("s3_store_url")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    s3 = S3Store.from_url(url, endpoint_url=endpoint)
+    yield s3
+
+
+def _file(tmp_path: Path, size: int, name: str = "src.bin") -> Path:
+    path = tmp_path / name
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def test_store_satisfies_the_protocol(store: ObjectStore) -> None:
+    assert isinstance(store, ObjectStore)
+    assert store.url.startswith(("file://", "s3://"))
+
+
+def test_missing_object_has_no_size(store: ObjectStore) -> None:
+    assert store.has("blobs/sha256/" + "0" * 64) is None
+
+
+def test_put_bytes_round_trips_and_replaces(store: ObjectStore) -> None:
+    store.put_bytes("manifests/m/v1.json", b'{"a": 1}')
+    assert store.has("manifests/m/v1.json") == 8
+    assert store.get_bytes("manifests/m/v1.json") == b'{"a": 1}'
+    store.put_bytes("manifests/m/v1.json", b"{}")
+    assert store.get_bytes("manifests/m/v1.json") == b"{}"
+    store.put_bytes("aliases/m.json", b"")
+    assert store.has("aliases/m.json") == 0
+    assert store.get_bytes("aliases/m.json") == b""
+
+
+def test_put_file_copies_by_default(store: ObjectStore, tmp_path: Path) -> None:
+    src = _file(tmp_path, 1000)
+    store.put_file("blobs/sha256/aa", src)
+    assert src.exists()
+    assert store.get_bytes("blobs/sha256/aa") == src.read_bytes()
+
+
+def test_put_file_move_consumes_the_source(store: ObjectStore, tmp_path: Path) -> None:
+    src = _file(tmp_path, 1000)
+    data = src.read_bytes()
+    store.put_file("blobs/sha256/bb", src, move=True)
+    assert not src.exists()
+    assert store.get_bytes("blobs/sha256/bb") == data
+    assert store.has("blobs/sha256/bb") == 1000
+
+
+def test_large_file_round_trips_through_get_to_file(store: ObjectStore, tmp_path: Path) -> None:
+    # Above the part size, so S3 uploads in concurrent parts and downloads in ranged GETs.
+    src = _file(tmp_path, PART_SIZE * 2 + 12345)
+    store.put_file("blobs/sha256/big", src)
+    assert store.has("blobs/sha256/big") == src.stat().st_size
+    target = tmp_path / "dl.tmp"
+    target.touch()
+    seen: list[int] = []
+    store.get_to_file("blobs/sha256/big", target, progress=seen.append)
+    assert hashlib.sha256(target.read_bytes()).digest() == \
+        hashlib.sha256(src.read_bytes()).digest()
+    assert sum(seen) == src.stat().st_size
+    # Nothing but the target is left next to it (no stray partial files).
+    assert {p.name for p in tmp_path.iterdir()} - {"objects"} == {"dl.tmp", "src.bin"}
+
+def test_missing_object_raises_not_found(store: ObjectStore, tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="manifests/m/v9.json") as info:
+        store.get_bytes("manifests/m/v9.json")
+    assert isinstance(info.value, LookupError)
+    target = tmp_path / "dl.tmp"
+    target.touch()
+    with pytest.raises(NotFoundError, match="blobs/sha256/nope"):
+        store.get_to_file("blobs/sha256/nope", target)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "objects"] == ["dl.tmp"]
+
+
+def test_delete_removes_and_tolerates_missing(store: ObjectStore) -> None:
+    store.put_bytes("manifests/m/v1.json", b"x")
+    store.delete("manifests/m/v1.json")
+    assert store.has("manifests/m/v1.json") is None
+    store.delete("manifests/m/v1.json")
+    store.delete("blobs/sha256/never-existed")
+
+
+def test_list_has_directory_semantics(store: ObjectStore) -> None:
+    for key in ("manifests/m1/v1.json", "manifests/m1/v2.json", "manifests/m10/v1.json",
+                "blobs/sha256/aa", "aliases/m1.json"):
+        store.put_bytes(key, b"x")
+    assert sorted(store.list("manifests/m1")) == ["manifests/m1/v1.json", "manifests/m1/v2.json"]
+    assert sorted(store.list("manifests/")) == [
+        "manifests/m1/v1.json", "manifests/m1/v2.json", "manifests/m10/v1.json"]
+    assert list(store.list("blobs/")) == ["blobs/sha256/aa"]
+    assert list(store.list("nothing/")) == []
+    assert len(list(store.list(""))) == 5
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "./a", "a/.", "a\\b", "a/"])
+def test_invalid_keys_are_refused(store: ObjectStore, key: str) -> None:
+    with pytest.raises(RefError, match="invalid store key"):
+        store.put_bytes(key, b"x")
+    with pytest.raises(RegistryError):
+        store.has(key)
+
+
+def test_uri_names_the_object(store: ObjectStore) -> None:
+    uri = store.uri("blobs/sha256/aa")
+    assert uri.endswith("/blobs/sha256/aa")
+    assert uri.startswith(store.url)
+
+
+def test_open_local_only_for_local_stores(store: ObjectStore) -> None:
+    store.put_bytes("blobs/sha256/cc", b"abc")
+    local = store.open_local("blobs/sha256/cc")
+    if isinstance(store, S3Store):
+        assert local is None
+    else:
+        assert local is not None and local.read_bytes() == b"abc"
+
+
+def test_open_store_dispatches_on_the_url(store: ObjectStore) -> None:
+    from registry.settings import Settings
+
+    settings = Settings.from_env()
+    endpoint = getattr(store, "endpoint_url", None)
+    reopened = open_store(store.url, settings.with_overrides(s3_endpoint_url=endpoint))
+    assert type(reopened) is type(store)
+    assert reopened.url == store.url
