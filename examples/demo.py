@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from tinynet import TinyNet  # importable by name, so pull can rebuild it
 from torch import nn
 
 import registry
 from registry.display import version_table
-from tinynet import TinyNet  # importable by name, so pull can rebuild it
 
 
 def main() -> None:

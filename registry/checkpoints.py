@@ -95,8 +95,9 @@ def _read_pickle(path: Path) -> Checkpoint:
                 "or truncated)"
             ) from None
         raise UnsafeCheckpointError(
-            f"refused {str(path)!r}: it pickles Python objects ({', '.join(sorted(set(globals_)))}), "
-            "not just tensors, so loading it would run code from the file; it was not executed. "
+            f"refused {str(path)!r}: it pickles Python objects "
+            f"({', '.join(sorted(set(globals_)))}), not just tensors, so loading it would run "
+            "code from the file; it was not executed. "
             "Save model.state_dict() with torch.save, or push the module itself"
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as exc:

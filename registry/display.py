@@ -72,4 +72,5 @@ def versions_table(versions: list[ModelVersion]) -> str:
             ",".join(f"{k}={v}" for k, v in mv.tags.items()) or "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)

@@ -151,7 +151,7 @@ def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable
     if isinstance(target, type) and issubclass(target, nn.Module):
         return target
     if trusted:
-        return target  # type: ignore[no-any-return]
+        return target  # type: ignore[no-any-return,unused-ignore]
     raise UntrustedFactoryError(
         f"recorded factory {factory!r} is not an nn.Module subclass and {module_name!r} is not "
         f"under a trusted prefix ({', '.join(trusted_prefixes) or 'none'}); add it to "

@@ -1,4 +1,4 @@
-"""Anything trainable -> NormalizedWeights: clean keys, CPU contiguous tensors, facts about the source.
+"""Anything trainable -> NormalizedWeights: clean keys, CPU tensors, facts about the source.
 
 Push normalizes so that pull never has to guess: wrappers (DataParallel, DDP, torch.compile,
 FSDP, activation checkpointing) are unwrapped, their key prefixes stripped, tensors detached and
@@ -130,7 +130,7 @@ def normalize(
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
-    """Peel wrapper objects off ``model``; return the inner module and the wrappers, outermost first."""
+    """Peel wrappers off ``model``; return the inner module and the wrappers, outermost first."""
     wrapping: list[str] = []
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
@@ -275,7 +275,9 @@ def _contains_tensor(value: Any) -> bool:
     return False
 
 
-def _dedupe_shared(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _dedupe_shared(
+    tensors: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Store each distinct tensor once; identical views become aliases, overlaps become copies."""
     by_view: dict[tuple[Any, ...], str] = {}
     storages: dict[tuple[str, int], int] = {}

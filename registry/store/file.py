@@ -33,7 +33,9 @@ class FileStore:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot write to store {self.url}: {exc.strerror}") from None
+            raise StoreUnavailableError(
+                f"cannot write to store {self.url}: {exc.strerror}"
+            ) from None
         return path
 
     def has(self, key: str) -> int | None:
