@@ -54,13 +54,19 @@ class Registry:
             catalog=catalog if isinstance(catalog, str) else None,
             store=store if isinstance(store, str) else None,
         )
+        self._backend: Backend
         uri = uri if uri is not None else self.settings.uri
+        if uri and token is None and uri == self.settings.uri:
+            token = self.settings.token  # REGISTRY_TOKEN goes only to REGISTRY_URI
         if uri:
-            raise SettingsError(
-                f"remote registry {uri!r} requested, but this version only runs the embedded "
-                "registry; unset REGISTRY_URI (and REGISTRY_TOKEN) to use it"
-            )
-        self._backend: Backend = LocalBackend.from_settings(
+            if catalog is not None or store is not None:
+                raise SettingsError(f"remote registry {uri!r} keeps its own catalog and store; "
+                                    "pass either a uri or catalog=/store=, not both")
+            from .remote import RemoteBackend
+
+            self._backend = RemoteBackend(uri, token=token, cache_dir=self.settings.cache_dir)
+            return
+        self._backend = LocalBackend.from_settings(
             self.settings,
             catalog=None if catalog is None or isinstance(catalog, str) else catalog,
             store=None if store is None or isinstance(store, str) else store,

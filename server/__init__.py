@@ -1,1 +1,1 @@
-"""The registry's HTTP service (issue 5): it will translate HTTP to calls of the registry library."""
+"""The registry's HTTP service: ``server.app.create_app`` and bearer-token auth."""

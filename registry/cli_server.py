@@ -1,0 +1,153 @@
+"""Commands for running a registry service: ``serve``, ``token``, ``mlflow sync`` and ``ui``.
+
+They register onto the ``registry`` group of :mod:`registry.cli`; heavy imports (uvicorn,
+fastapi, mlflow) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli import _registry, cli
+from .errors import SettingsError
+
+# A mirror must fail fast when MLflow is down: versions stay pending and a later sync catches
+# up, so MLflow's default minutes of retries would only stall the caller.
+_MLFLOW_FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def _fast_fail_mlflow() -> None:
+    for key, value in _MLFLOW_FAST_FAIL.items():
+        os.environ.setdefault(key, value)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
+@click.option("--allow-anonymous", is_flag=True,
+              help="Without an auth file: serve anonymous reads and refuse writes.")
+def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -> None:
+    """Run the registry server (REST API under /api/v1) on the configured catalog and store."""
+    import uvicorn
+
+    from server.app import create_app
+    from server.auth import AuthPolicy, default_auth_file
+
+    from .settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    path = auth_file or default_auth_file()
+    if auth_file is not None and not auth_file.exists():
+        raise SettingsError(f"--auth-file {auth_file} does not exist; create it with "
+                            f"`registry token create NAME --scopes admin --auth-file {auth_file}`")
+    policy = AuthPolicy.for_server(host, auth_file=path if path.exists() else None,
+                                   allow_anonymous=allow_anonymous)
+    if policy.mode == "tokens":
+        logging.getLogger("registry.server").info("tokens from %s", path)
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        _fast_fail_mlflow()
+    app = create_app(settings, auth=policy)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+@cli.group()
+def token() -> None:
+    """Bearer tokens for the server (stored as hashes in the auth file)."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--scopes", default="read", show_default=True,
+              help="Comma-separated: read, write, admin (admin implies write implies read).")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
+def token_create(name: str, scopes: str, auth_file: Path | None) -> None:
+    """Create token NAME; print it once on stdout (only its hash is stored)."""
+    from server.auth import AuthFile, default_auth_file, parse_scopes
+
+    path = auth_file or default_auth_file()
+    plain = AuthFile(path).create(name, parse_scopes(scopes))
+    click.echo(plain)
+    click.echo(f"created token {name!r} ({scopes}) in {path}; it is shown only this once",
+               err=True)
+
+
+@token.command("revoke")
+@click.argument("name")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
+def token_revoke(name: str, auth_file: Path | None) -> None:
+    """Revoke token NAME (a running server notices the file change)."""
+    from server.auth import AuthFile, default_auth_file
+
+    path = auth_file or default_auth_file()
+    AuthFile(path).revoke(name)
+    click.echo(f"revoked token {name!r} in {path}")
+
+
+@cli.group()
+def mlflow() -> None:
+    """Browse the registry in MLflow's Model Registry UI."""
+
+
+@mlflow.command("sync")
+@click.option("--full", is_flag=True,
+              help="Re-mirror every version and remove MLflow versions the catalog lacks.")
+@click.pass_context
+def mlflow_sync(ctx: click.Context, full: bool) -> None:
+    """Mirror new, changed and deleted versions into MLflow (MLFLOW_TRACKING_URI, else
+    $REGISTRY_HOME/mlflow.db). Safe to run any number of times."""
+    report = _sync(ctx, full=full)
+    click.echo(f"mlflow {report['tracking_uri']}: mirrored {len(report['mirrored'])}, removed "
+               f"{len(report['removed'])}, unchanged {report['unchanged']}")
+
+
+def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
+    from .remote import RemoteBackend
+
+    _fast_fail_mlflow()
+    backend = _registry(ctx).backend
+    if isinstance(backend, RemoteBackend):
+        return backend.mlflow_sync(full=full)
+    from .mirror_mlflow import sync, tracking_uri_for
+
+    reg = _registry(ctx)
+    return sync(backend, tracking_uri_for(reg.settings, os.environ), full=full).to_dict()
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
+@click.pass_context
+def ui(ctx: click.Context, host: str, port: int) -> None:
+    """Sync the embedded registry into $REGISTRY_HOME/mlflow.db, then serve the MLflow UI on it."""
+    from .mirror_mlflow import tracking_uri_for
+    from .remote import RemoteBackend
+
+    reg = _registry(ctx)
+    if isinstance(reg.backend, RemoteBackend):
+        raise SettingsError("`registry ui` browses the embedded registry; for a server, open "
+                            "the MLflow UI of the server's MLFLOW_TRACKING_URI")
+    uri = tracking_uri_for(reg.settings, os.environ)
+    if not uri.startswith("sqlite:"):
+        raise SettingsError(f"MLFLOW_TRACKING_URI={uri!r} is a server already: open its UI "
+                            "directly, or unset it to browse $REGISTRY_HOME/mlflow.db")
+    report = _sync(ctx, full=False)
+    click.echo(f"synced {len(report['mirrored'])} version(s); MLflow UI on "
+               f"http://{host}:{port}/#/models (Ctrl-C to stop)", err=True)
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+               "--host", host, "--port", str(port)]
+    try:
+        sys.exit(subprocess.call(command))
+    except KeyboardInterrupt:
+        sys.exit(130)

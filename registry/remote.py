@@ -1,0 +1,325 @@
+"""RemoteBackend: the Backend protocol spoken over the registry server's REST API.
+
+The Registry facade runs the same push and pull pipelines on it as on LocalBackend; only the
+catalog and store calls travel over HTTP. Blobs go straight to and from object storage when the
+server hands out presigned URLs (S3), or through the server (file store), and always land in the
+same verified content-addressed cache as on the embedded path. httpx is imported on first use.
+
+Error bodies are ``{"error": {"code": ..., "message": ...}}``; the code selects the same
+RegistryError subclass the server raised, with the same message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+from ._progress import transfer
+from .backends import GcReport
+from .cache import BlobCache
+from .catalog.records import VersionRecord
+from .errors import (
+    ERRORS_BY_CODE,
+    CatalogUnavailableError,
+    RegistryError,
+    SettingsError,
+    StoreUnavailableError,
+)
+from .refs import Ref
+
+if TYPE_CHECKING:
+    import httpx
+
+API = "/api/v1"
+_CHUNK = 1024 * 1024
+_DOWNLOAD_ATTEMPTS = 3
+
+
+class UnauthorizedError(RegistryError, PermissionError):
+    """A missing, wrong or revoked token (HTTP 401)."""
+
+    code = "unauthorized"
+    exit_code = 11
+
+
+class ForbiddenError(RegistryError, PermissionError):
+    """A valid token without the scope the request needs (HTTP 403)."""
+
+    code = "forbidden"
+    exit_code = 11
+
+
+# Codes the server may send beyond registry.errors (kept here until errors.py adopts them).
+REMOTE_ERRORS: dict[str, type[RegistryError]] = {
+    UnauthorizedError.code: UnauthorizedError,
+    ForbiddenError.code: ForbiddenError,
+}
+
+
+def error_class(code: str) -> type[RegistryError]:
+    return ERRORS_BY_CODE.get(code) or REMOTE_ERRORS.get(code) or RegistryError
+
+
+def record_to_wire(record: VersionRecord) -> dict[str, Any]:
+    """The JSON form of a VersionRecord on the wire (server side)."""
+    return {"name": record.name, "version": record.version, "digest": record.digest,
+            "size_bytes": record.size_bytes, "manifest": record.manifest,
+            "tags": record.tags, "aliases": record.aliases}
+
+
+def record_from_wire(data: dict[str, Any]) -> VersionRecord:
+    return VersionRecord(name=data["name"], version=int(data["version"]), digest=data["digest"],
+                         size_bytes=int(data["size_bytes"]), manifest=dict(data["manifest"]),
+                         tags=dict(data["tags"]), aliases=list(data["aliases"]))
+
+
+class ServerLocation:
+    """What ``Registry.store`` reports for a remote registry: the server, not a store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+class RemoteBackend:
+    """A registry server reached over HTTP(S), with a local verified blob cache."""
+
+    def __init__(self, url: str, *, token: str | None, cache_dir: Path,
+                 timeout: float = 60.0, transport: Any = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"registry URI {url!r} is not an http(s) URL; use e.g. "
+                                "'http://registry.example:8080'")
+        if parts.username or parts.password:
+            raise SettingsError("put credentials in token=... or REGISTRY_TOKEN, not in the "
+                                "registry URI")
+        self.url = url.rstrip("/")
+        self.store = ServerLocation(self.url)
+        self.cache = BlobCache(cache_dir)
+        self._token = token
+        self._timeout = timeout
+        self._transport = transport
+        self._http: httpx.Client | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"RemoteBackend({self.url!r})"
+
+    # -- http -----------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            import httpx
+
+            headers = {"User-Agent": "registry-client"}
+            if self._token:
+                headers["Authorization"] = f"Bearer {self._token}"
+            self._http = httpx.Client(base_url=self.url, headers=headers,
+                                      timeout=httpx.Timeout(self._timeout, connect=10.0),
+                                      transport=self._transport, follow_redirects=False)
+        return self._http
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            response = self._client().request(method, API + path, **kwargs)
+        except httpx.TransportError as exc:
+            raise CatalogUnavailableError(
+                f"registry server {self.url} is unreachable ({type(exc).__name__}: {exc}); "
+                "check that `registry serve` runs there and REGISTRY_URI is right"
+            ) from None
+        _raise_for_error(response, self.url)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    # -- push -----------------------------------------------------------------------------
+
+    def staging_dir(self) -> Path:
+        return self.cache.tmp_dir()
+
+    def push(self, name: str, version: int | None, blob: Path, digest: str, size: int,
+             manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
+             aliases: Iterable[str]) -> VersionRecord:
+        """Begin (reserve a number), upload the blob if the server lacks it, then commit."""
+        begun = self._call("POST", f"/models/{_seg(name)}/pushes",
+                           json={"version": version, "digest": digest, "size": size})
+        number = int(begun["version"])
+        try:
+            if begun.get("upload") is not None:
+                self._upload(begun["upload"], blob, size, digest)
+            record = record_from_wire(self._call(
+                "POST", f"/models/{_seg(name)}/pushes/{number}/commit",
+                json={"manifest": manifest_for(number), "tags": tags,
+                      "aliases": list(aliases)}))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._call("DELETE", f"/models/{_seg(name)}/pushes/{number}")
+            raise
+        self._keep_in_cache(blob, digest)
+        return record
+
+    def _upload(self, target: dict[str, Any], blob: Path, size: int, digest: str) -> None:
+        import httpx
+
+        url, direct = _target_url(self.url, target)
+        headers = dict(target.get("headers") or {})
+        headers["Content-Length"] = str(size)
+        with transfer(size, f"push {digest[7:19]}") as progress, open(blob, "rb") as fh:
+
+            def chunks() -> Iterator[bytes]:
+                while chunk := fh.read(_CHUNK):
+                    progress(len(chunk))
+                    yield chunk
+
+            try:
+                if direct:
+                    # A presigned URL carries its own authorization: never send our token there.
+                    with httpx.Client(timeout=self._timeout, transport=self._transport) as plain:
+                        response = plain.request(target.get("method", "PUT"), url,
+                                                 content=chunks(), headers=headers)
+                else:
+                    response = self._client().request(target.get("method", "PUT"), url,
+                                                      content=chunks(), headers=headers)
+            except httpx.TransportError as exc:
+                raise StoreUnavailableError(f"upload of {digest} to {_host(url)} failed "
+                                            f"({type(exc).__name__}); retry the push") from None
+        if direct and response.status_code >= 300:
+            raise StoreUnavailableError(f"object store refused the upload of {digest} "
+                                        f"(HTTP {response.status_code}); retry the push")
+        _raise_for_error(response, self.url)
+
+    def _keep_in_cache(self, blob: Path, digest: str) -> None:
+        """The pushed bytes are verified already: keep them so a pull needs no download."""
+        target = self.cache.path(digest)
+        if target.exists() or not blob.exists():
+            return
+        with contextlib.suppress(OSError):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(blob, 0o444)
+            os.replace(blob, target)
+            self.cache.verified.remember(target, digest)
+
+    # -- pull -----------------------------------------------------------------------------
+
+    def resolve(self, ref: Ref) -> VersionRecord:
+        return record_from_wire(self._call("GET", "/resolve", params={"ref": str(ref)}))
+
+    def blob_path(self, digest: str, size: int) -> Path:
+        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp))
+
+    def _download(self, digest: str, size: int, tmp: Path) -> None:
+        """Stream the blob into ``tmp``, resuming with a Range request if the stream breaks."""
+        import httpx
+
+        link = self._call("GET", f"/blobs/{digest}/link")
+        url, direct = _target_url(self.url, link)
+        written = 0
+        with transfer(size, f"pull {digest[7:19]}") as progress, open(tmp, "wb") as fh:
+            for attempt in range(_DOWNLOAD_ATTEMPTS):
+                headers = {"Range": f"bytes={written}-"} if written else {}
+                try:
+                    client = (httpx.Client(timeout=self._timeout, transport=self._transport)
+                              if direct else contextlib.nullcontext(self._client()))
+                    with client as http, http.stream("GET", url, headers=headers) as response:
+                        if response.status_code >= 400:
+                            response.read()
+                            if direct:
+                                raise StoreUnavailableError(
+                                    f"object store refused the download of {digest} "
+                                    f"(HTTP {response.status_code})")
+                            _raise_for_error(response, self.url)
+                        if written and response.status_code != 206:
+                            fh.seek(0)
+                            fh.truncate()
+                            written = 0
+                        for chunk in response.iter_bytes(_CHUNK):
+                            fh.write(chunk)
+                            written += len(chunk)
+                            progress(len(chunk))
+                    return
+                except httpx.TransportError as exc:
+                    if attempt == _DOWNLOAD_ATTEMPTS - 1:
+                        raise StoreUnavailableError(
+                            f"download of {digest} from {_host(url)} failed after "
+                            f"{_DOWNLOAD_ATTEMPTS} attempts ({type(exc).__name__}); retry"
+                        ) from None
+
+    # -- reads and changes ----------------------------------------------------------------
+
+    def list_models(self) -> list[str]:
+        return list(self._call("GET", "/models")["models"])
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        data = self._call("GET", f"/models/{_seg(name)}/versions")
+        return [record_from_wire(v) for v in data["versions"]]
+
+    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
+        return record_from_wire(self._call("PUT", f"/models/{_seg(name)}/aliases/{_seg(alias)}",
+                                           json={"version": version}))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._call("DELETE", f"/models/{_seg(name)}/aliases/{_seg(alias)}")
+
+    def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
+        path = f"/models/{_seg(name)}/versions/{version}/tags"
+        return record_from_wire(self._call("PATCH", path, json={"tags": tags}))
+
+    def delete_version(self, name: str, version: int) -> VersionRecord:
+        return record_from_wire(self._call("DELETE", f"/models/{_seg(name)}/versions/{version}"))
+
+    def gc(self) -> GcReport:
+        data = self._call("POST", "/gc")
+        return GcReport(list(data["deleted"]), int(data["freed_bytes"]), int(data["kept"]),
+                        int(data["stale_pushes"]))
+
+    def rebuild(self) -> int:
+        raise SettingsError(f"`registry db rebuild` works on the catalog directly; run it on "
+                            f"the server host of {self.url}, not through REGISTRY_URI")
+
+    def mlflow_sync(self, *, full: bool = False) -> dict[str, Any]:
+        """Ask the server to bring its MLflow mirror up to date (admin scope)."""
+        return dict(self._call("POST", "/mlflow/sync", params={"full": str(full).lower()}))
+
+
+def _raise_for_error(response: Any, base: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        if response.status_code >= 500:
+            raise CatalogUnavailableError(f"registry server {base} failed with HTTP "
+                                          f"{response.status_code}; see the server log") from None
+        raise RegistryError(f"registry server {base} answered HTTP {response.status_code} "
+                            "without an error body; is REGISTRY_URI a registry server?") from None
+    raise error_class(code)(message)
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _target_url(base: str, target: dict[str, Any]) -> tuple[str, bool]:
+    """(url, direct): a presigned absolute URL is direct; a server path goes through ``base``."""
+    url = str(target["url"])
+    if target.get("direct"):
+        return url, True
+    if url.startswith(("http://", "https://")):
+        raise RegistryError(f"registry server {base} sent an absolute non-direct URL; refusing "
+                            "to send the token to another host")
+    return url, False
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else "the registry server"

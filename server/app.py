@@ -1,0 +1,422 @@
+"""The registry's HTTP service: REST under /api/v1, translated to calls of the registry library.
+
+Every name, ref, alias, version and tag is checked by ``registry.refs`` / the facade's validators
+before it reaches the catalog or a store key; storage and catalog logic live in ``LocalBackend``.
+The server adds only what HTTP needs: auth, two-phase pushes, blob transfer and error bodies
+
+    {"error": {"code": "<RegistryError.code>", "message": "<str(exc)>"}}
+
+that ``registry.remote`` turns back into the same exception class.
+
+Pushes run in two phases so nothing is visible before it is complete:
+``POST /models/{name}/pushes`` reserves a number (and says where to upload the blob if the store
+lacks it), the client uploads, then ``POST /models/{name}/pushes/{n}/commit`` sends the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from registry import manifest as mf
+from registry.backends import LocalBackend
+from registry.client import _alias_list, _tag_map
+from registry.errors import (
+    CatalogUnavailableError,
+    CheckpointError,
+    DigestMismatchError,
+    NotFoundError,
+    RefError,
+    RegistryError,
+    SchemaOutOfDateError,
+    StoreUnavailableError,
+    VersionExistsError,
+)
+from registry.refs import parse, validate_alias, validate_name, validate_version
+from registry.remote import ForbiddenError, UnauthorizedError, record_to_wire
+from registry.settings import Settings
+
+from .auth import AuthPolicy, Scope
+
+log = logging.getLogger("registry.server")
+
+MAX_BLOB_BYTES = 2**50
+_bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
+_STATUS: list[tuple[type[RegistryError], int]] = [
+    (UnauthorizedError, 401),
+    (ForbiddenError, 403),
+    (NotFoundError, 404),
+    (VersionExistsError, 409),
+    (DigestMismatchError, 422),
+    (StoreUnavailableError, 503),
+    (CatalogUnavailableError, 503),
+    (SchemaOutOfDateError, 503),
+]
+
+
+def status_for(exc: RegistryError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 400
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+class PushBegin(BaseModel):
+    version: int | None = Field(default=None, description="Claim this number (None: next one).")
+    digest: str = Field(description="sha256:<64 hex> of the safetensors blob.")
+    size: int = Field(ge=0, le=MAX_BLOB_BYTES)
+
+
+class PushCommit(BaseModel):
+    manifest: dict[str, Any]
+    tags: dict[str, str] = Field(default_factory=dict)
+    aliases: list[str] = Field(default_factory=list)
+
+
+class AliasTarget(BaseModel):
+    version: int | str
+
+
+class TagChanges(BaseModel):
+    tags: dict[str, str | None]
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = None,
+               backend: LocalBackend | None = None, mirror: Any = None) -> FastAPI:
+    """The registry server over ``LocalBackend.from_settings(settings)``.
+
+    ``auth`` defaults to the tokens in ``REGISTRY_AUTH_FILE`` if that is set, else an open
+    server (``registry serve`` chooses and enforces the policy for its host). ``mirror`` is an
+    object with ``poke()`` called after each change (the MLflow mirror); by default one is
+    started when ``MLFLOW_TRACKING_URI`` is set.
+    """
+    settings = settings or Settings.from_env()
+    if auth is None:
+        raw = os.environ.get("REGISTRY_AUTH_FILE")
+        auth = AuthPolicy.for_server("127.0.0.1", auth_file=Path(raw) if raw else None,
+                                     allow_anonymous=False)
+    policy = auth
+    local = backend or LocalBackend.from_settings(settings)
+    if mirror is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        from registry.mirror_mlflow import MirrorWorker
+
+        mirror = MirrorWorker(local, os.environ["MLFLOW_TRACKING_URI"])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if policy.mode == "open":
+            log.warning("no auth file: this server is open to anyone who can reach it "
+                        "(loopback only); create tokens with `registry token create`")
+        if mirror is not None:
+            mirror.start()
+        try:
+            yield
+        finally:
+            if mirror is not None:
+                mirror.stop()
+            local.close()
+
+    app = FastAPI(title="registry", version="1", lifespan=lifespan,
+                  description="A model registry for PyTorch: push any checkpoint, pull it on "
+                              "any device.")
+    app.state.backend = local
+    app.state.mirror = mirror
+    def need(scope: Scope) -> Any:
+        def dependency(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                              Depends(_bearer)]) -> str:
+            header = f"Bearer {credentials.credentials}" if credentials else None
+            return policy.authorize(header, scope)
+
+        return Depends(dependency)
+
+    read, write, admin = need("read"), need("write"), need("admin")
+
+    def changed() -> None:
+        if mirror is not None:
+            mirror.poke()
+
+    @app.exception_handler(RegistryError)
+    async def registry_error(_request: Request, exc: RegistryError) -> JSONResponse:
+        status = status_for(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(error_body(exc.code, str(exc)), status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse(error_body("invalid_request",
+                                       f"invalid request at {where or 'body'}: "
+                                       f"{first.get('msg', 'malformed')}"), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else "invalid_request"
+        return JSONResponse(error_body(code, f"{exc.detail}: see /docs for the API"),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        return JSONResponse(error_body("internal_error",
+                                       "the registry server failed; see its log"),
+                            status_code=500)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    # -- reads ----------------------------------------------------------------------------
+
+    @app.get("/api/v1/models", tags=["models"])
+    def list_models(_caller: str = read) -> dict[str, list[str]]:
+        return {"models": local.list_models()}
+
+    @app.get("/api/v1/models/{name}/versions", tags=["models"])
+    def list_versions(name: str, _caller: str = read) -> dict[str, Any]:
+        return {"versions": [record_to_wire(r) for r in local.list_versions(validate_name(name))]}
+
+    @app.get("/api/v1/models/{name}/versions/{version}", tags=["models"])
+    def show_version(name: str, version: str, _caller: str = read) -> dict[str, Any]:
+        ref = parse(f"{validate_name(name)}:v{validate_version(version)}")
+        return record_to_wire(local.resolve(ref))
+
+    @app.get("/api/v1/resolve", tags=["models"])
+    def resolve(ref: Annotated[str, Query(description="name, name:vN, name@alias, "
+                                                      "name@sha256:<hex>")],
+                _caller: str = read) -> dict[str, Any]:
+        return record_to_wire(local.resolve(parse(ref)))
+
+    # -- push -----------------------------------------------------------------------------
+
+    @app.post("/api/v1/models/{name}/pushes", tags=["push"])
+    def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
+        name = validate_name(name)
+        claim = None if body.version is None else validate_version(body.version)
+        digest = _digest(name, body.digest)
+        number = local.catalog.reserve(name, claim, digest, body.size)
+        key = mf.blob_key(digest)
+        upload = None if local.store.has(key) == body.size else _upload_target(local, digest)
+        log.info("push %s:v%d begun by %s", name, number, caller)
+        return {"version": number, "upload": upload}
+
+    @app.put("/api/v1/blobs/{digest}", tags=["blobs"], status_code=201, openapi_extra={
+        "requestBody": {"required": True,
+                        "content": {"application/octet-stream": {"schema": {
+                            "type": "string", "format": "binary"}}}}})
+    async def upload_blob(digest: str, request: Request, _caller: str = write) -> dict[str, Any]:
+        digest = _digest(None, digest)
+        return await _receive_blob(local, digest, request)
+
+    @app.post("/api/v1/models/{name}/pushes/{version}/commit", tags=["push"])
+    def commit_push(name: str, version: str, body: PushCommit,
+                    caller: str = write) -> dict[str, Any]:
+        name, number = validate_name(name), validate_version(version)
+        tags, aliases = _tag_map(body.tags), _alias_list(body.aliases)
+        reserved = local.catalog.reservation(name, number)
+        if reserved is None:
+            raise NotFoundError(f"no push of {name}:v{number} is in progress; begin one with "
+                                f"POST /api/v1/models/{name}/pushes")
+        digest, size = reserved
+        manifest = _checked_manifest(body.manifest, name, number, digest, size, tags)
+        have = local.store.has(mf.blob_key(digest))
+        if have != size:
+            raise NotFoundError(f"blob {digest} of {name}:v{number} is not in the store "
+                                f"({have or 0} of {size} bytes); upload it before committing")
+        local.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
+        record = local.catalog.commit(name, number, manifest, tags, aliases)
+        if record.aliases:
+            local._write_aliases(name)
+        log.info("push %s:v%d committed by %s", name, number, caller)
+        changed()
+        return record_to_wire(record)
+
+    @app.delete("/api/v1/models/{name}/pushes/{version}", tags=["push"], status_code=204)
+    def abort_push(name: str, version: str, _caller: str = write) -> Response:
+        name, number = validate_name(name), validate_version(version)
+        if local.catalog.reservation(name, number) is None:
+            raise NotFoundError(f"no push of {name}:v{number} is in progress")
+        local.catalog.abort(name, number)
+        return Response(status_code=204)
+
+    # -- blobs ----------------------------------------------------------------------------
+
+    @app.get("/api/v1/blobs/{digest}/link", tags=["blobs"])
+    def blob_link(digest: str, _caller: str = read) -> dict[str, Any]:
+        digest = _digest(None, digest)
+        size = _stored_size(local, digest)
+        presign = _presigner(local)
+        if presign is not None:
+            return {"url": presign(mf.blob_key(digest), "GET"), "direct": True, "size": size}
+        return {"url": f"/api/v1/blobs/{digest}", "direct": False, "size": size}
+
+    @app.api_route("/api/v1/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
+                   response_class=FileResponse)
+    def download_blob(digest: str, _caller: str = read) -> Response:
+        digest = _digest(None, digest)
+        size = _stored_size(local, digest)
+        presign = _presigner(local)
+        if presign is not None:
+            return RedirectResponse(presign(mf.blob_key(digest), "GET"), status_code=307)
+        # blob_path verifies the bytes (memoized) before a single one is served.
+        path = local.blob_path(digest, size)
+        return FileResponse(path, media_type="application/octet-stream",
+                            headers={"Cache-Control": "public, max-age=31536000, immutable"})
+
+    # -- changes --------------------------------------------------------------------------
+
+    @app.put("/api/v1/models/{name}/aliases/{alias}", tags=["aliases"])
+    def set_alias(name: str, alias: str, body: AliasTarget,
+                  _caller: str = write) -> dict[str, Any]:
+        record = local.set_alias(validate_name(name), validate_alias(alias),
+                                 validate_version(body.version))
+        changed()
+        return record_to_wire(record)
+
+    @app.delete("/api/v1/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
+    def delete_alias(name: str, alias: str, _caller: str = write) -> Response:
+        local.delete_alias(validate_name(name), validate_alias(alias))
+        changed()
+        return Response(status_code=204)
+
+    @app.patch("/api/v1/models/{name}/versions/{version}/tags", tags=["models"])
+    def set_tags(name: str, version: str, body: TagChanges,
+                 _caller: str = write) -> dict[str, Any]:
+        name, number = validate_name(name), validate_version(version)
+        clean: dict[str, str | None] = dict(
+            _tag_map({k: v for k, v in body.tags.items() if v is not None}))
+        for key, value in body.tags.items():
+            if value is None:
+                _tag_map({key: ""})  # the key itself must be valid
+                clean[key] = None
+        record = local.set_tags(name, number, clean)
+        changed()
+        return record_to_wire(record)
+
+    @app.delete("/api/v1/models/{name}/versions/{version}", tags=["models"])
+    def delete_version(name: str, version: str, caller: str = write) -> dict[str, Any]:
+        name, number = validate_name(name), validate_version(version)
+        record = local.delete_version(name, number)
+        log.info("%s:v%d deleted by %s", name, number, caller)
+        changed()
+        return record_to_wire(record)
+
+    @app.post("/api/v1/gc", tags=["admin"])
+    def gc(caller: str = admin) -> dict[str, Any]:
+        report = local.gc()
+        log.info("gc by %s deleted %d blobs", caller, len(report.deleted))
+        return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
+                "kept": report.kept, "stale_pushes": report.stale_pushes}
+
+    @app.post("/api/v1/mlflow/sync", tags=["admin"])
+    def mlflow_sync(full: bool = False, _caller: str = admin) -> dict[str, Any]:
+        from registry.mirror_mlflow import sync, tracking_uri_for
+
+        report = sync(local, tracking_uri_for(settings, os.environ), full=full)
+        return report.to_dict()
+
+    return app
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _digest(name: str | None, digest: str) -> str:
+    """Validate a digest with the ref parser (``name@sha256:<hex>``), the one place that knows."""
+    ref = parse(f"{name or 'blob'}@{digest}")
+    if ref.digest is None:
+        raise RefError(f"invalid digest {digest!r}: expected 'sha256:' followed by 64 "
+                       "lowercase hex digits")
+    return ref.digest
+
+
+def _stored_size(local: LocalBackend, digest: str) -> int:
+    size = local.store.has(mf.blob_key(digest))
+    if size is None:
+        raise NotFoundError(f"blob {digest} not found in the store")
+    return size
+
+
+def _presigner(local: LocalBackend) -> Callable[[str, str], str] | None:
+    """A store's optional ``presign(key, method)``; stores that have one serve bytes directly."""
+    presign = getattr(local.store, "presign", None)
+    return presign if callable(presign) else None
+
+
+def _upload_target(local: LocalBackend, digest: str) -> dict[str, Any]:
+    presign = _presigner(local)
+    if presign is not None:
+        return {"url": presign(mf.blob_key(digest), "PUT"), "method": "PUT", "direct": True,
+                "headers": {"Content-Type": "application/octet-stream"}}
+    return {"url": f"/api/v1/blobs/{digest}", "method": "PUT", "direct": False,
+            "headers": {"Content-Type": "application/octet-stream"}}
+
+
+async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> dict[str, Any]:
+    """Stream the body to a staging file, hashing as it arrives; place it only if it matches."""
+    key = mf.blob_key(digest)
+    fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
+    tmp = Path(name)
+    try:
+        hasher = hashlib.sha256()
+        size = 0
+        with os.fdopen(fd, "wb") as fh:
+            async for chunk in request.stream():
+                hasher.update(chunk)
+                fh.write(chunk)
+                size += len(chunk)
+                if size > MAX_BLOB_BYTES:
+                    raise RefError(f"upload of {digest} exceeds {MAX_BLOB_BYTES} bytes")
+        actual = f"sha256:{hasher.hexdigest()}"
+        if actual != digest:
+            raise DigestMismatchError(f"uploaded bytes hash to {actual}, not {digest}; nothing "
+                                      "was stored: upload the file the digest was computed on")
+        if local.store.has(key) != size:
+            await run_in_threadpool(local.store.put_file, key, tmp, move=True)
+            placed = local.store.open_local(key)
+            if placed is not None:
+                local.verified.remember(placed, digest)  # hashed just now, on arrival
+        return {"digest": digest, "size": size}
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _checked_manifest(manifest: dict[str, Any], name: str, number: int, digest: str,
+                      size: int, tags: dict[str, str]) -> dict[str, Any]:
+    """The client's manifest, refused unless it describes exactly the reserved push."""
+    checked = mf.loads(json.dumps(manifest), origin=f"manifest of {name}:v{number}")
+    try:
+        files = mf.files(checked)
+        ok = (checked["name"] == name and checked["version"] == number
+              and checked["digest"] == digest and len(files) == 1
+              and files[0]["digest"] == digest and files[0]["size"] == size
+              and isinstance(checked["tensors"], dict) and isinstance(checked["source"], dict))
+    except (KeyError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"manifest of {name}:v{number} does not describe the reserved "
+                              f"push (name, version, digest {digest} and size {size} must match)")
+    checked["tags"] = tags
+    return checked
