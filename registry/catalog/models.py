@@ -54,6 +54,9 @@ class VersionRow(Base):
     tags: Mapped[str] = mapped_column(Text, default="{}")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # What the MLflow mirror last wrote for this version (a fingerprint of its visible state);
+    # NULL means pending: never mirrored, or changed since (registry/mirror_mlflow.py).
+    mlflow_synced: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AliasRow(Base):

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -276,6 +276,35 @@ class Catalog:
                         s.add(AliasRow(model_id=models[name].id, alias=alias, version=version,
                                        updated_at=_now()))
         return count
+
+    def reservation(self, name: str, version: int) -> tuple[str, int] | None:
+        """(digest, size) of a push in progress for ``name:vN``, or None if there is none."""
+        with self._session() as s:
+            row = s.execute(select(VersionRow.digest, VersionRow.size_bytes)
+                            .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                            .where(ModelRow.name == name, VersionRow.version == version,
+                                   VersionRow.state == PENDING)).first()
+            return None if row is None else (row[0], int(row[1]))
+
+    # -- MLflow mirror state --------------------------------------------------------------
+
+    def mirror_states(self) -> list[tuple[str, int, str, str | None]]:
+        """(name, version, state, mlflow_synced) of every ready or deleted version."""
+        with self._session() as s:
+            rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
+                                    VersionRow.mlflow_synced)
+                             .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                             .where(VersionRow.state.in_((READY, DELETED)))
+                             .order_by(ModelRow.name, VersionRow.version)).all()
+            return [(r[0], int(r[1]), r[2], r[3]) for r in rows]
+
+    def set_mirror_state(self, name: str, version: int, synced: str | None) -> None:
+        """Record what the mirror wrote for ``name:vN`` (None marks it pending)."""
+        with self._session() as s:
+            model_id = select(ModelRow.id).where(ModelRow.name == name).scalar_subquery()
+            s.execute(update(VersionRow).where(VersionRow.model_id == model_id,
+                                               VersionRow.version == version)
+                      .values(mlflow_synced=synced))
 
     def count_versions(self) -> int:
         with self._session() as s:

@@ -1,0 +1,207 @@
+"""The registry server over a file store: a real `registry serve` subprocess on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import registry
+from registry.errors import DigestMismatchError, NotFoundError, RefError, VersionExistsError
+from tests.helpers import assert_same_state, clean_env, run_cli, trained_mlp
+from tests.integration.serving import Service, registry_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    root = tmp_path_factory.mktemp("server")
+    with registry_server(root / "home", root) as service:
+        service.home = root / "home"  # type: ignore[attr-defined]
+        yield service
+
+
+@pytest.fixture
+def remote(server: Service) -> Iterator[registry.Registry]:
+    reg = registry.Registry(server.url)
+    yield reg
+    reg.close()
+
+
+def _name(request: pytest.FixtureRequest) -> str:
+    return request.node.name.lower().replace("_", "-")[:60]
+
+
+def test_health_and_openapi(server: Service) -> None:
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+    spec = httpx.get(server.url + "/openapi.json").json()
+    paths = set(spec["paths"])
+    for path in ("/api/v1/models", "/api/v1/models/{name}/versions", "/api/v1/resolve",
+                 "/api/v1/models/{name}/pushes", "/api/v1/models/{name}/pushes/{version}/commit",
+                 "/api/v1/blobs/{digest}", "/api/v1/gc"):
+        assert path in paths, path
+
+
+def test_push_pull_round_trip_through_server(remote: registry.Registry, tmp_path: Path,
+                                             server: Service,
+                                             request: pytest.FixtureRequest) -> None:
+    name = _name(request)
+    model = trained_mlp()
+    mv = remote.push(model, name, tags={"dataset": "toy"}, aliases=["staging"])
+    assert (mv.name, mv.version, mv.tags, mv.aliases) == (name, 1, {"dataset": "toy"}, ["staging"])
+    # A client with an empty cache downloads through the server and verifies the bytes.
+    fresh = registry.Registry(server.url, home=tmp_path / "other-client")
+    try:
+        state = fresh.pull_state_dict(f"{name}@staging", device="cpu")
+        assert_same_state({k: v for k, v in state.items() if isinstance(v, torch.Tensor)},
+                          model.state_dict())
+        cached = list((tmp_path / "other-client" / "cache" / "blobs").rglob("*"))
+        assert any(p.is_file() for p in cached)
+        assert fresh.show(name).digest == mv.digest
+        assert [v.ref for v in fresh.list_versions(name)] == [f"{name}:v1"]
+        assert name in fresh.list_models()
+    finally:
+        fresh.close()
+    # The server's own store holds the blob at its content address.
+    blob = server.home / "objects" / "blobs" / "sha256" / mv.digest[7:]  # type: ignore[attr-defined]
+    assert hashlib.sha256(blob.read_bytes()).hexdigest() == mv.digest[7:]
+
+
+def test_same_errors_and_messages_as_embedded(remote: registry.Registry, server: Service,
+                                               request: pytest.FixtureRequest) -> None:
+    name = _name(request)
+    remote.push(trained_mlp(), name)
+    with pytest.raises(NotFoundError) as over_http:
+        remote.show(f"{name}:v9")
+    embedded = registry.Registry(home=server.home)  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(NotFoundError) as in_process:
+            embedded.show(f"{name}:v9")
+    finally:
+        embedded.close()
+    assert str(over_http.value) == str(in_process.value) == f"{name}:v9 not found; latest is v1"
+    with pytest.raises(VersionExistsError, match="already exists"):
+        remote.push(trained_mlp(), f"{name}:v1")
+    with pytest.raises(RefError, match="invalid alias"):
+        remote.set_alias(name, "Bad Alias", 1)
+
+
+def test_aliases_tags_delete_and_gc(remote: registry.Registry,
+                                    request: pytest.FixtureRequest) -> None:
+    name = _name(request)
+    first = remote.push(trained_mlp(0), name)
+    second = remote.push(trained_mlp(1), name)
+    assert remote.set_alias(name, "production", 1).aliases == ["production"]
+    assert remote.show(f"{name}@production").ref == first.ref
+    assert remote.set_tags(f"{name}:v2", {"owner": "vision"}).tags == {"owner": "vision"}
+    assert remote.set_tags(f"{name}:v2", {"owner": None}).tags == {}
+    remote.delete_alias(name, "production")
+    with pytest.raises(NotFoundError, match="has no aliases"):
+        remote.show(f"{name}@production")
+    assert remote.delete_version(f"{name}:v2").ref == second.ref
+    with pytest.raises(NotFoundError, match="was deleted"):
+        remote.show(f"{name}:v2")
+    report = remote.gc()
+    assert second.digest in report.deleted
+    assert first.digest not in report.deleted
+    assert remote.pull_state_dict(f"{name}:v1", device="cpu")  # still loads after gc
+
+
+def test_two_phase_push_is_invisible_until_commit(server: Service,
+                                                  request: pytest.FixtureRequest) -> None:
+    name = _name(request)
+    api = server.url + "/api/v1"
+    data = b"not really safetensors, but bytes with a digest"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    begun = httpx.post(f"{api}/models/{name}/pushes",
+                       json={"digest": digest, "size": len(data)}).json()
+    assert begun["version"] == 1
+    assert begun["upload"]["url"] == f"/api/v1/blobs/{digest}"
+    assert httpx.get(f"{api}/models").json()["models"].count(name) == 0
+    assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
+    # A commit before the upload is refused and still nothing is visible.
+    early = httpx.post(f"{api}/models/{name}/pushes/1/commit", json={"manifest": {}})
+    assert early.status_code in (400, 404)
+    assert httpx.put(server.url + begun["upload"]["url"], content=data).status_code == 201
+    assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
+    aborted = httpx.delete(f"{api}/models/{name}/pushes/1")
+    assert aborted.status_code == 204
+    assert httpx.post(f"{api}/models/{name}/pushes/1/commit",
+                      json={"manifest": {}}).json()["error"]["code"] == "not_found"
+    # The aborted number is retired: the next push gets v2.
+    assert httpx.post(f"{api}/models/{name}/pushes",
+                      json={"digest": digest, "size": len(data)}).json()["version"] == 2
+
+
+def test_upload_with_wrong_bytes_is_refused(server: Service) -> None:
+    digest = "sha256:" + hashlib.sha256(b"the real bytes").hexdigest()
+    response = httpx.put(f"{server.url}/api/v1/blobs/{digest}", content=b"other bytes")
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == DigestMismatchError.code
+    assert digest in error["message"]
+    assert httpx.get(f"{server.url}/api/v1/blobs/{digest}").status_code == 404
+
+
+def test_blob_download_supports_range(remote: registry.Registry, server: Service,
+                                      request: pytest.FixtureRequest) -> None:
+    mv = remote.push(trained_mlp(), _name(request))
+    url = f"{server.url}/api/v1/blobs/{mv.digest}"
+    whole = httpx.get(url)
+    assert whole.status_code == 200
+    assert hashlib.sha256(whole.content).hexdigest() == mv.digest[7:]
+    part = httpx.get(url, headers={"Range": "bytes=8-27"})
+    assert part.status_code == 206
+    assert part.content == whole.content[8:28]
+    assert part.headers["content-range"] == f"bytes 8-27/{len(whole.content)}"
+    link = httpx.get(f"{url}/link").json()
+    assert link == {"url": f"/api/v1/blobs/{mv.digest}", "direct": False,
+                    "size": len(whole.content)}
+
+
+def test_traversal_in_a_path_matches_no_route(server: Service) -> None:
+    response = httpx.get(server.url + "/api/v1/models/..%2F..%2Fetc/versions")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/models/UPPER/versions",
+    "/api/v1/models/..x/versions",
+    "/api/v1/models/a%00b/versions/1",
+    "/api/v1/models/ok/versions/v0",
+    "/api/v1/blobs/sha256:..%5C..%5Cregistry.db",
+    "/api/v1/blobs/sha256:abc",
+    "/api/v1/blobs/md5:abc/link",
+    "/api/v1/resolve?ref=..%2Fx",
+])
+def test_bad_names_and_digests_are_refused_before_any_lookup(server: Service, path: str) -> None:
+    response = httpx.get(server.url + path)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_ref"
+
+
+def test_cli_through_registry_uri(server: Service, tmp_path: Path,
+                                  request: pytest.FixtureRequest) -> None:
+    name = _name(request)[:40]
+    checkpoint = tmp_path / "model.pt"
+    torch.save(trained_mlp().state_dict(), checkpoint)
+    env = clean_env(tmp_path / "cli-home", REGISTRY_URI=server.url)
+    pushed = run_cli("push", name, str(checkpoint), "--tag", "via=cli", env=env, check=True)
+    assert f"pushed {name}:v1" in pushed.stdout
+    listed = json.loads(run_cli("ls", name, "--json", env=env, check=True).stdout)
+    assert [(v["ref"], v["tags"]) for v in listed] == [(f"{name}:v1", {"via": "cli"})]
+    out = tmp_path / "pulled.safetensors"
+    run_cli("pull", f"{name}:v1", "-o", str(out), env=env, check=True)
+    from safetensors.torch import load_file
+
+    assert_same_state(load_file(out), trained_mlp().state_dict())
+    missing = run_cli("show", f"{name}:v7", env=env)
+    assert missing.returncode == NotFoundError.exit_code
+    assert missing.stderr.strip() == f"error: {name}:v7 not found; latest is v1"
+    # Nothing was written to the client's own embedded catalog.
+    assert not (tmp_path / "cli-home" / "registry.db").exists()
