@@ -87,7 +87,10 @@ def normalize(
             "or the path of a .safetensors/.pt/.pth/.bin/.ckpt file"
         )
 
-    renamed, prefix_wrapping = _strip_wrapper_keys(raw)
+    # A module's wrappers were peeled off as objects, so its keys are exact: a leading "module."
+    # there is a submodule really called "module", not a DataParallel prefix to guess at.
+    renamed, prefix_wrapping = _strip_wrapper_keys(raw, guess_data_parallel=not isinstance(
+        model, nn.Module))
     for name in prefix_wrapping:
         if name not in wrapping and not (name == _DATA_PARALLEL and _is_data_parallel(wrapping)):
             wrapping.append(name)
@@ -190,14 +193,16 @@ def _module_state_dict(module: nn.Module) -> dict[str, Any]:
     return dict(state)
 
 
-def _strip_wrapper_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _strip_wrapper_keys(
+    raw: Mapping[str, Any], *, guess_data_parallel: bool,
+) -> tuple[dict[str, Any], list[str]]:
     """Strip wrapper prefixes from every key; refuse two keys that become one."""
     for key in raw:
         if not isinstance(key, str):
             raise NormalizationError(f"state dict key {key!r} is not a string")
     tensor_keys = [k for k, v in raw.items() if isinstance(v, torch.Tensor)]
     leading = 0
-    while tensor_keys and all(
+    while guess_data_parallel and tensor_keys and all(
         k.split(".")[leading] == "module" and k.count(".") > leading for k in tensor_keys
     ):
         leading += 1

@@ -18,6 +18,7 @@ from ..errors import CatalogUnavailableError, SchemaOutOfDateError, SettingsErro
 
 VERSION_TABLE = "registry_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+PG_CONNECT_TIMEOUT_S = 10
 
 
 def redact(url: str) -> str:
@@ -37,8 +38,12 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # libpq waits forever for a host that drops packets; fail with a typed error instead.
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
     except (ArgumentError, ImportError) as exc:
         raise SettingsError(f"catalog URL {redact(url)!r} cannot be used: {exc}") from None
 

@@ -97,7 +97,9 @@ class Catalog:
                tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
         """Make a reserved version visible, with its manifest, tags and aliases."""
         with self._session() as s:
-            model = self._model(s, name, live=False)
+            # Lock the model row: concurrent commits that move the same alias would otherwise
+            # both insert it on PostgreSQL and one would fail on the primary key.
+            model = self._model(s, name, live=False, lock=True)
             row = self._row(s, model, version, states=(PENDING,))
             row.state = READY
             row.manifest = json.dumps(manifest, sort_keys=True)
@@ -168,7 +170,7 @@ class Catalog:
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes alias writers, as in commit
             row = self._row(s, model, version)
             self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
@@ -313,8 +315,9 @@ class Catalog:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _model(self, s: Session, name: str, *, live: bool = True) -> ModelRow:
-        model = s.scalar(select(ModelRow).where(ModelRow.name == name))
+    def _model(self, s: Session, name: str, *, live: bool = True, lock: bool = False) -> ModelRow:
+        query = select(ModelRow).where(ModelRow.name == name)
+        model = s.scalar(query.with_for_update() if lock else query)
         if model is not None and not live:
             return model
         if model is None or not s.scalar(select(VersionRow.id).where(

@@ -68,6 +68,16 @@ def test_a_submodule_named_module_is_not_mistaken_for_a_wrapper() -> None:
     assert sorted(normalize(sd).tensors) == ["head.weight", "module.weight"]
 
 
+def test_a_module_whose_only_child_is_called_module_keeps_its_keys() -> None:
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    assert sorted(normalize(Holder()).tensors) == ["module.bias", "module.weight"]
+    assert sorted(normalize(nn.DataParallel(Holder())).tensors) == ["module.bias", "module.weight"]
+
+
 def test_nested_data_parallel_inside_a_model() -> None:
     model = nn.Sequential(nn.Linear(2, 2))
     model.add_module("inner", nn.DataParallel(nn.Linear(2, 2)))
