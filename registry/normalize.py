@@ -35,6 +35,7 @@ _ANYWHERE_PREFIXES = {
     "_checkpoint_wrapped_module": "CheckpointWrapper",
 }
 _DATA_PARALLEL = "DataParallel/DistributedDataParallel"
+_STATISTICS_SUFFIXES = (".running_mean", ".running_var")
 _FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -112,7 +113,7 @@ def normalize(
 
     kept, tied = _dedupe_shared(tensors)
     if params is None:
-        params = sum(t.numel() for t in kept.values())
+        params = _guess_params(kept)
     dtypes: dict[str, int] = {}
     for t in kept.values():
         name = dtype_name(t.dtype)
@@ -313,6 +314,15 @@ def _dedupe_shared(
             t = t.clone()
         out[key] = t.contiguous()
     return out, tied
+
+
+def _guess_params(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Parameter count of a bare state dict: floating tensors minus BatchNorm statistics, which
+    are the buffers that commonly sit beside parameters (a module input counts exactly)."""
+    return sum(
+        t.numel() for key, t in tensors.items()
+        if t.is_floating_point() and not key.endswith(_STATISTICS_SUFFIXES)
+    )
 
 
 def _infer_precision(tensors: Iterable[torch.Tensor]) -> str:

@@ -46,6 +46,14 @@ def test_wrapper_objects_are_unwrapped(wrap, expected: list[str]) -> None:  # ty
         assert torch.equal(w.tensors[key], value)
 
 
+def test_parameter_count_agrees_across_input_kinds(tmp_path: Path) -> None:
+    model = trained_mlp()
+    path = tmp_path / "w.pt"
+    torch.save(model.state_dict(), path)
+    counts = {normalize(x).source["params"] for x in (model, model.state_dict(), path)}
+    assert counts == {sum(p.numel() for p in model.parameters())}
+
+
 def test_prefixed_state_dict_keys_are_stripped_and_wrapping_inferred() -> None:
     sd = trained_mlp().state_dict()
     prefixed = {f"module._orig_mod._fsdp_wrapped_module.{k}": v for k, v in sd.items()}
