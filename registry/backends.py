@@ -94,6 +94,11 @@ class LocalBackend:
             settings.cache_dir,
         )
 
+    def __repr__(self) -> str:
+        from .settings import redact_url
+
+        return f"catalog={redact_url(self.catalog.url)!r}, store={self.store.url!r}"
+
     def close(self) -> None:
         self.catalog.close()
 

@@ -73,8 +73,7 @@ class Registry:
         )
 
     def __repr__(self) -> str:
-        return (f"Registry(catalog={self.settings.catalog_url!r}, "
-                f"store={self._backend.store.url!r})")
+        return f"Registry({self._backend!r})"
 
     @property
     def backend(self) -> Backend:

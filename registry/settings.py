@@ -61,7 +61,7 @@ class Settings:
             catalog_url = f"sqlite:///{home_path / 'registry.db'}"
         elif not _CATALOG_SCHEME_RE.fullmatch(catalog_url):
             raise SettingsError(
-                f"{catalog_var}={_redact(catalog_url)!r} is not a SQLAlchemy URL; use e.g. "
+                f"{catalog_var}={redact_url(catalog_url)!r} is not a SQLAlchemy URL; use e.g. "
                 "'sqlite:////path/registry.db' or 'postgresql+psycopg://user@host/db'"
             )
         store_url = store if store is not None else env.get("REGISTRY_STORE_URL") or None
@@ -134,6 +134,6 @@ def _bool(raw: str | None, variable: str, default: bool) -> bool:
     raise SettingsError(f"{variable}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """Hide a password in a URL before it goes into a message."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import re
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -15,14 +14,11 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, ProgrammingError
 
 from ..errors import CatalogUnavailableError, SchemaOutOfDateError, SettingsError
+from ..settings import redact_url as redact
 
 VERSION_TABLE = "registry_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 PG_CONNECT_TIMEOUT_S = 10
-
-
-def redact(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def make_engine(url: str) -> Engine:

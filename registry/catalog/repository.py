@@ -134,11 +134,12 @@ class Catalog:
                     )
                 row = self._row(s, model, target)
             elif ref.digest is not None:
-                row = s.scalar(select(VersionRow).where(
+                newest = s.scalar(select(VersionRow).where(
                     VersionRow.model_id == model.id, VersionRow.digest == ref.digest,
                     VersionRow.state == READY).order_by(VersionRow.version.desc()).limit(1))
-                if row is None:
+                if newest is None:
                     raise NotFoundError(f"{ref} not found: no version of {ref.name} has that digest")
+                row = newest
             elif ref.version is not None:
                 row = self._row(s, model, ref.version)
             else:
