@@ -36,6 +36,7 @@ CONCURRENCY = 8
 MAX_ATTEMPTS = 4  # the first try and three retries: a few seconds of backoff, not minutes
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
+PRESIGN_EXPIRES_S = 3600
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _MISSING_KEY_CODES = {"404", "NoSuchKey", "NotFound"}
@@ -214,6 +215,20 @@ class S3Store:
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
+
+    def presign(self, key: str, method: str, *, expires_s: int = PRESIGN_EXPIRES_S) -> str:
+        """A time-limited URL to GET or PUT ``key`` without credentials (the server hands these
+        out so bytes go straight between clients and S3). A PUT must send
+        ``Content-Type: application/octet-stream``, which the signature covers."""
+        operations = {"GET": "get_object", "PUT": "put_object"}
+        if method not in operations:
+            raise ValueError(f"cannot presign {method!r}; use GET or PUT")
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if method == "PUT":
+            params["ContentType"] = "application/octet-stream"
+        with self._mapped_errors(key):
+            return str(self.client.generate_presigned_url(
+                operations[method], Params=params, ExpiresIn=expires_s))
 
     # -- administration -------------------------------------------------------------------
 

@@ -234,3 +234,23 @@ def _checkpoint(tmp_path: Path) -> Path:
     path = tmp_path / "w.pt"
     torch.save({"w": torch.ones(4)}, path)
     return path
+
+
+def test_presigned_urls_move_bytes_without_credentials(s3_endpoint: str,
+                                                       s3_store_url: str) -> None:
+    import urllib.request
+
+    store = S3Store.from_url(s3_store_url, endpoint_url=s3_endpoint)
+    data = os.urandom(4096)
+    put = urllib.request.Request(store.presign("blobs/sha256/pre", "PUT"), data=data,
+                                 method="PUT",
+                                 headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(put) as response:
+        assert response.status == 200
+    assert store.get_bytes("blobs/sha256/pre") == data
+    url = store.presign("blobs/sha256/pre", "GET")
+    assert url.startswith(s3_endpoint) and DUMMY_SECRET not in url
+    with urllib.request.urlopen(url) as response:
+        assert response.read() == data
+    with pytest.raises(ValueError, match="DELETE"):
+        store.presign("blobs/sha256/pre", "DELETE")
