@@ -11,6 +11,7 @@ import contextlib
 import getpass
 import os
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -199,3 +200,85 @@ def _drop_registry_tables(engine: Any) -> None:
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS registry_aliases, registry_versions, "
                           "registry_models, registry_alembic_version CASCADE"))
+
+
+class CuttingProxy:
+    """A TCP proxy in front of an S3 endpoint that can cut blob downloads half way, as a flaky
+    network or a dying server does. ``cut_next`` GETs of ``/blobs/`` keys get only the first
+    ``keep`` bytes of their response before the connection drops (-1: every GET)."""
+
+    def __init__(self, target: str, keep: int = 4096) -> None:
+        import threading
+
+        parsed = urllib.parse.urlsplit(target)
+        self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.keep = keep
+        self.cut_next = 0
+        self.cuts = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def _should_cut(self, request: bytes) -> bool:
+        if not (request.startswith(b"GET ") and b"/blobs/" in request.split(b"\r\n", 1)[0]):
+            return False
+        with self._lock:
+            if self.cut_next == 0:
+                return False
+            if self.cut_next > 0:
+                self.cut_next -= 1
+            self.cuts += 1
+            return True
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        import threading
+
+        upstream = socket.create_connection(self.target)
+        state = {"cut": False, "sent": 0}
+
+        def downstream() -> None:
+            with contextlib.suppress(OSError):
+                while data := upstream.recv(65536):
+                    if state["cut"]:
+                        room = self.keep - state["sent"]
+                        client.sendall(data[:max(room, 0)])
+                        state["sent"] += len(data)
+                        if state["sent"] >= self.keep:
+                            break
+                    else:
+                        client.sendall(data)
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+
+        threading.Thread(target=downstream, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self._should_cut(data):
+                    state["cut"], state["sent"] = True, 0
+                upstream.sendall(data)
+
+
+@pytest.fixture
+def cutting_proxy(moto_server: MotoEndpoint) -> Iterator[CuttingProxy]:
+    proxy = CuttingProxy(moto_server.url)
+    yield proxy
+    proxy.close()

@@ -148,3 +148,41 @@ def test_s3_store_object_can_be_handed_to_the_registry(pg_url: str, s3_store_url
         assert "s3://" in repr(reg)
     finally:
         reg.close()
+
+
+def _big_weights() -> dict[str, torch.Tensor]:
+    # ~40 MiB: several ranged GETs, each of which the proxy can cut half way.
+    return {"w": torch.randn(10 * 2**20)}
+
+
+@pytest.mark.slow
+def test_downloads_cut_half_way_are_retried(pg_url: str, s3_bucket: str, cutting_proxy: Any,
+                                            home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", cutting_proxy.url)
+    reg = registry.Registry(catalog=pg_url, store=f"s3://{s3_bucket}/team")
+    try:
+        weights = _big_weights()
+        mv = reg.push(weights, "flaky")
+        cutting_proxy.cut_next = 2  # two responses die mid-body, then the network recovers
+        assert torch.equal(reg.pull_state_dict(mv.ref)["w"], weights["w"])
+        assert cutting_proxy.cuts == 2
+    finally:
+        reg.close()
+
+
+@pytest.mark.slow
+def test_download_that_keeps_failing_leaves_no_partial_file(
+        pg_url: str, s3_bucket: str, cutting_proxy: Any, home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", cutting_proxy.url)
+    reg = registry.Registry(catalog=pg_url, store=f"s3://{s3_bucket}/team")
+    try:
+        mv = reg.push(_big_weights(), "doomed")
+        cutting_proxy.cut_next = -1  # every blob GET dies half way, for good
+        with pytest.raises(StoreUnavailableError) as info:
+            reg.pull_state_dict(mv.ref)
+        assert cutting_proxy.url in str(info.value) and s3_bucket in str(info.value)
+        assert 1 < cutting_proxy.cuts <= 3 * 5  # retried: 3 ranges x 5 attempts at most
+        assert _cache_files(home) == []
+    finally:
+        reg.close()
