@@ -24,5 +24,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check registry server migrations tests benchmarks examples
 	$(PY) -m mypy
 
+# Benchmarks against the floors and peers of issue 6 (~800 MB model; BENCH_ARGS=--quick: ~50 MB).
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

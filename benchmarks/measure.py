@@ -1,0 +1,121 @@
+"""Timing helpers: interleaved medians after a warm-up, reading every byte, peak RSS probes."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Case:
+    """One thing to time. ``prepare`` and ``cleanup`` run around each run, untimed."""
+
+    run: Callable[[], Any]
+    prepare: Callable[[], Any] | None = None
+    cleanup: Callable[[], Any] | None = None
+
+
+@dataclass
+class Timing:
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def spread(self) -> str:
+        return f"{min(self.samples):.3f}-{max(self.samples):.3f}"
+
+
+def interleaved(cases: Mapping[str, Case], *, runs: int, warmup: int = 1) -> dict[str, Timing]:
+    """Time each case ``runs`` times after ``warmup`` untimed runs, round-robin, so that drift in
+    the machine's load hits every case alike. Returns the samples per case, in seconds."""
+    out = {name: Timing() for name in cases}
+    for i in range(warmup + runs):
+        for name, case in cases.items():
+            if case.prepare:
+                case.prepare()
+            gc.collect()
+            start = time.perf_counter()
+            result = case.run()
+            elapsed = time.perf_counter() - start
+            del result
+            if case.cleanup:
+                case.cleanup()
+            gc.collect()
+            if i >= warmup:
+                out[name].samples.append(elapsed)
+    return out
+
+
+def touch(tensors: Iterable[torch.Tensor]) -> int:
+    """Read every byte of every tensor once (a memory-mapped load reads nothing until this).
+
+    The bytes are OR-reduced as 64-bit words by numpy in this thread: the same cost for every
+    dtype, at memory bandwidth, and free of the thread-pool wake-ups that make ``Tensor.sum``
+    erratic on a small, busy machine."""
+    acc = 0
+    for t in tensors:
+        raw = t.detach().reshape(-1).view(torch.uint8).numpy()
+        words = raw[: raw.size - raw.size % 8].view(np.uint64)
+        acc |= int(np.bitwise_or.reduce(words)) if words.size else 0
+        acc |= int(np.bitwise_or.reduce(raw[words.size * 8:])) if raw.size % 8 else 0
+    return acc
+
+
+def touch_module(module: torch.nn.Module) -> float:
+    return touch(module.state_dict().values())
+
+
+def pin_malloc_threshold() -> str:
+    """Fix glibc's mmap threshold at its default (128 KiB) so large tensors always get fresh
+    pages, as in a new process. Left dynamic, the threshold rises after the first large free and
+    later runs recycle heap pages without page faults, so a case's time depends on which case
+    ran before it. Returns a description for the report."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return "dynamic (glibc not found)"
+    m_mmap_threshold = -3
+    if ctypes.CDLL(name).mallopt(m_mmap_threshold, 128 * 1024) != 1:
+        return "dynamic (mallopt refused)"
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)  # and in child processes
+    return "fixed at 128 KiB (mallopt M_MMAP_THRESHOLD)"
+
+
+# -- peak memory in a fresh process ------------------------------------------------------------
+
+def probe(action: str, **options: Any) -> dict[str, int]:
+    """Run ``benchmarks.probe`` in a fresh interpreter; return its baseline and peak RSS."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.probe", action, json.dumps(options)],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe {action} failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def subprocess_seconds(code: str) -> float:
+    """Wall time of ``python -c code`` in a fresh interpreter."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return time.perf_counter() - start

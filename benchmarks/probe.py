@@ -1,0 +1,60 @@
+"""Peak RSS of one operation in a fresh interpreter: ``python -m benchmarks.probe ACTION JSON``.
+
+The baseline is taken once imports are done and the catalog is open, then the kernel's
+high-water mark is reset (``/proc/self/clear_refs`` = 5) so the peak is the operation's own.
+Prints one JSON line: ``{"baseline": bytes, "peak": bytes}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def main(action: str, options: dict[str, Any]) -> dict[str, int]:
+    import torch
+
+    from benchmarks.measure import touch, touch_module
+    from benchmarks.model import BenchModel
+
+    if action == "pull":
+        import registry
+
+        reg = registry.Registry(home=options["home"])
+        reg.show(options["ref"])  # open the catalog: its imports are not the pull's memory
+        baseline = _status("VmRSS")
+        _reset_peak()
+        module = reg.pull(options["ref"], device="cpu")
+        touch_module(module)
+    elif action == "torch_load":
+        baseline = _status("VmRSS")
+        _reset_peak()
+        module = BenchModel(**options["kwargs"])
+        module.load_state_dict(torch.load(options["path"], map_location="cpu", weights_only=True))
+        touch_module(module)
+    elif action == "load_file":
+        from safetensors.torch import load_file
+
+        baseline = _status("VmRSS")
+        _reset_peak()
+        touch(load_file(options["path"]).values())
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+    return {"baseline": baseline, "peak": _status("VmHWM")}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], json.loads(sys.argv[2]))))
