@@ -1,0 +1,339 @@
+"""Mirroring the catalog into MLflow's Model Registry, so people browse versions in its UI.
+
+Each model becomes a registered model; each version a model version whose ``source`` is the
+blob's store URI, tagged with the registry ref, digest, training devices, dtypes, wrapping,
+precision, parameters and size, described by a readable table, and carrying our aliases.
+MLflow version numbers match ours: gaps (deleted or retired numbers) are skipped by creating and
+at once deleting placeholder versions, because MLflow never reuses a number either.
+
+The catalog remembers, per version, a fingerprint of what was last mirrored (column
+``mlflow_synced``; NULL = pending). :func:`sync` compares fingerprints and touches MLflow only for
+versions that changed or were deleted, so it is incremental and idempotent. A push never waits
+for MLflow: the server mirrors from a background thread (:class:`MirrorWorker`), and a version
+whose mirroring failed simply stays pending until the next sync.
+
+``mlflow`` is imported only inside these functions (it takes seconds to import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import manifest as mf
+from .catalog.records import VersionRecord
+from .display import human_bytes, version_table
+from .errors import NotFoundError, RegistryError
+from .manifest import ModelVersion
+
+if TYPE_CHECKING:
+    from .backends import LocalBackend
+    from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+_TAG_KEY_RE = re.compile(r"[^\w.\- /]")
+_MAX_PLACEHOLDERS = 10_000
+
+
+class MlflowUnavailableError(RegistryError, ConnectionError):
+    """The MLflow tracking server cannot be reached or refused a mirroring request."""
+
+    code = "mlflow_unavailable"
+    exit_code = 9
+
+
+@dataclass
+class SyncReport:
+    """What one sync did."""
+
+    tracking_uri: str
+    mirrored: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tracking_uri_for(settings: Settings, environ: Mapping[str, str]) -> str:
+    """``MLFLOW_TRACKING_URI``, else ``sqlite:///$REGISTRY_HOME/mlflow.db`` (own database)."""
+    uri = environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{settings.home / 'mlflow.db'}"
+
+
+def fingerprint(record: VersionRecord, tracking_uri: str) -> str:
+    """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
+    state = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
+             "aliases": sorted(record.aliases), "format": 1}
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> SyncReport:
+    """Bring MLflow up to date with the catalog: mirror new or changed versions, remove deleted
+    ones. ``full`` re-mirrors everything and also removes MLflow versions the catalog lacks."""
+    report = SyncReport(tracking_uri)
+    states = backend.catalog.mirror_states()
+    client = _client(tracking_uri)
+    names = sorted({name for name, *_ in states})
+    for name in names:
+        rows = [r for r in states if r[0] == name]
+        try:
+            records = {r.version: r for r in backend.catalog.list_versions(name)}
+        except NotFoundError:
+            records = {}  # every version of the model was deleted
+        for _, version, _state, synced in rows:
+            record = records.get(version)
+            if record is None:
+                if synced is not None or full:
+                    with _mapped(tracking_uri):
+                        _remove_version(client, name, version)
+                    backend.catalog.set_mirror_state(name, version, None)
+                    report.removed.append(f"{name}:v{version}")
+                continue
+            wanted = fingerprint(record, tracking_uri)
+            if synced == wanted and not full:
+                report.unchanged += 1
+                continue
+            with _mapped(tracking_uri):
+                _mirror_version(client, record, backend.store.uri(mf.blob_key(record.digest)))
+            backend.catalog.set_mirror_state(name, version, wanted)
+            report.mirrored.append(f"{name}:v{version}")
+        if full:
+            with _mapped(tracking_uri):
+                report.removed += _remove_strays(client, name, set(records))
+    log.info("mlflow sync to %s: %d mirrored, %d removed, %d unchanged", tracking_uri,
+             len(report.mirrored), len(report.removed), report.unchanged)
+    return report
+
+
+# -- one version ------------------------------------------------------------------------------
+
+def _mirror_version(client: Any, record: VersionRecord, source: str) -> None:
+    name = record.name
+    _ensure_registered_model(client, name)
+    existing = _find_version(client, name, record.version)
+    tags = version_tags(record, source)
+    description = describe(record)
+    if existing is None:
+        existing = _create_aligned(client, name, record.version, source, tags, description)
+    else:
+        for key, value in tags.items():
+            if existing.tags.get(key) != value:
+                client.set_model_version_tag(name, existing.version, key, value)
+        for key in set(existing.tags) - set(tags):
+            client.delete_model_version_tag(name, existing.version, key)
+        if (existing.description or "") != description:
+            client.update_model_version(name, existing.version, description=description)
+    ours = set(record.aliases)
+    for alias in set(existing.aliases or []) - ours:
+        client.delete_registered_model_alias(name, alias)
+    for alias in ours:
+        client.set_registered_model_alias(name, alias, existing.version)
+
+
+def _create_aligned(client: Any, name: str, version: int, source: str, tags: dict[str, str],
+                    description: str) -> Any:
+    """Create the MLflow version numbered ``version`` (placeholders fill gaps, then go)."""
+    for _ in range(_MAX_PLACEHOLDERS):
+        created = _create(client, name, source, tags, description)
+        number = int(created.version)
+        if number >= version:
+            if number > version:
+                log.warning("MLflow already used number %d for %s; mirrored %s:v%d as MLflow "
+                            "version %d", version, name, name, version, number)
+            return created
+        client.delete_model_version(name, created.version)  # a placeholder for a gap
+    raise MlflowUnavailableError(f"could not align MLflow versions of {name} with v{version}")
+
+
+def _create(client: Any, name: str, source: str, tags: dict[str, str], description: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.create_model_version(name, source=source, run_id=None, tags=tags,
+                                           description=description)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "INVALID_PARAMETER_VALUE":
+            raise
+        # A tracking server refuses local-path sources without a run; keep the store URI in the
+        # registry.blob_uri tag and name the version by its registry ref instead.
+        ref = tags["registry.ref"].replace(":", "/")
+        return client.create_model_version(name, source=f"registry:/{ref}", run_id=None,
+                                           tags=tags, description=description)
+
+
+def _find_version(client: Any, name: str, version: int) -> Any:
+    """The MLflow version mirroring ``name:v<version>`` (by its registry.ref tag), or None."""
+    from mlflow.exceptions import MlflowException
+
+    ref = f"{name}:v{version}"
+    try:
+        candidate = client.get_model_version(name, str(version))
+        if candidate.tags.get("registry.ref") == ref:
+            return candidate
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    for candidate in client.search_model_versions(f"name='{name}'"):
+        if candidate.tags.get("registry.ref") == ref:
+            # Search results leave aliases out; fetch the version itself to see them.
+            return client.get_model_version(name, candidate.version)
+    return None
+
+
+def _remove_version(client: Any, name: str, version: int) -> None:
+    found = _find_version(client, name, version)
+    if found is not None:
+        client.delete_model_version(name, found.version)
+
+
+def _remove_strays(client: Any, name: str, live: set[int]) -> list[str]:
+    """MLflow versions that claim a registry ref the catalog no longer has."""
+    removed = []
+    for candidate in client.search_model_versions(f"name='{name}'"):
+        ref = candidate.tags.get("registry.ref", "")
+        number = ref.rpartition(":v")[2]
+        if ref.startswith(f"{name}:v") and number.isdigit() and int(number) not in live:
+            client.delete_model_version(name, candidate.version)
+            removed.append(ref)
+    return removed
+
+
+def _ensure_registered_model(client: Any, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        try:
+            client.create_registered_model(
+                name, tags={"registry.mirrored": "true"},
+                description=f"Mirrored from the PyTorch registry: pull with "
+                            f"`registry.pull(\"{name}:vN\")`.")
+        except MlflowException as again:  # created concurrently by another mirror
+            if getattr(again, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+# -- what a version looks like in MLflow --------------------------------------------------------
+
+def version_tags(record: VersionRecord, blob_uri: str) -> dict[str, str]:
+    """Our tags (keys MLflow accepts) plus registry.* facts about where the weights came from."""
+    source = record.manifest.get("source", {})
+    dtypes = source.get("dtypes", {})
+    tags = {_TAG_KEY_RE.sub("_", k)[:250]: v[:5000] for k, v in record.tags.items()}
+    tags.update({
+        "registry.ref": f"{record.name}:v{record.version}",
+        "registry.digest": record.digest,
+        "registry.devices": ",".join(source.get("devices", [])) or "unknown",
+        "registry.dtypes": ",".join(dtypes) if isinstance(dtypes, dict) else str(dtypes),
+        "registry.wrapping": ",".join(source.get("wrapping", [])) or "none",
+        "registry.precision": str(source.get("precision") or "-"),
+        "registry.params": str(source.get("params", 0)),
+        "registry.size": human_bytes(int(source.get("size_bytes", record.size_bytes))),
+        "registry.size_bytes": str(source.get("size_bytes", record.size_bytes)),
+        "registry.blob_uri": blob_uri,
+    })
+    return tags
+
+
+def describe(record: VersionRecord) -> str:
+    """A Markdown table of the ``registry show`` facts (MLflow renders descriptions)."""
+    mv = ModelVersion(record.name, record.version, record.digest, dict(record.tags),
+                      list(record.aliases), {**record.manifest, "tags": dict(record.tags)})
+    lines = version_table(mv).splitlines()
+    width = max(len(line.split("  ", 1)[0].rstrip()) for line in lines)
+    source = record.manifest.get("source", {})
+    summary = (f"{mv.ref}: trained on {', '.join(source.get('devices', [])) or 'unknown'}, "
+               f"{source.get('params', 0):,} parameters, "
+               f"{human_bytes(int(source.get('size_bytes', record.size_bytes)))}")
+    rows = [summary, "", "| field | value |", "|---|---|"]
+    for line in lines:
+        label, value = line[:width].strip(), line[width + 2:].strip()
+        rows.append(f"| {label} | {value.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+# -- plumbing -----------------------------------------------------------------------------------
+
+def _client(tracking_uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+@contextlib.contextmanager
+def _mapped(uri: str) -> Iterator[None]:
+    """Turn MLflow and connection failures into MlflowUnavailableError, once, here."""
+    try:
+        yield
+    except RegistryError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise MlflowUnavailableError(
+            f"mirroring to MLflow at {_redact(uri)} failed ({first}); versions stay "
+            "pending: run `registry mlflow sync` once MLflow is reachable"
+        ) from None
+
+
+def _redact(uri: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", uri)
+
+
+class MirrorWorker:
+    """A background thread that syncs after every change; the server never waits for it."""
+
+    def __init__(self, backend: LocalBackend, tracking_uri: str, *,
+                 retry_seconds: float = 30.0) -> None:
+        self.backend = backend
+        self.tracking_uri = tracking_uri
+        self.retry_seconds = retry_seconds
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.syncs = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mlflow-mirror", daemon=True)
+        self._thread.start()
+        self.poke()  # catch up on whatever changed while no server ran
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self.retry_seconds if self.last_error else None)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            try:
+                sync(self.backend, self.tracking_uri)
+                self.last_error = None
+            except Exception as exc:  # the mirror must never take the server down
+                self.last_error = str(exc)
+                log.warning("%s", exc)
+                time.sleep(0.5)
+            self.syncs += 1
