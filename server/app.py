@@ -406,7 +406,11 @@ async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> d
 def _checked_manifest(manifest: dict[str, Any], name: str, number: int, digest: str,
                       size: int, tags: dict[str, str]) -> dict[str, Any]:
     """The client's manifest, refused unless it describes exactly the reserved push."""
-    checked = mf.loads(json.dumps(manifest), origin=f"manifest of {name}:v{number}")
+    try:
+        checked = mf.loads(json.dumps(manifest), origin=f"manifest of {name}:v{number}")
+    except TypeError:  # e.g. a format_version that is not a number
+        raise CheckpointError(f"manifest of {name}:v{number} has a malformed format_version; "
+                              "send the manifest the registry client built") from None
     try:
         files = mf.files(checked)
         ok = (checked["name"] == name and checked["version"] == number

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import torch
 
 import registry
 from registry.errors import DigestMismatchError, NotFoundError, RefError, VersionExistsError
+from tests.conftest import require_service
 from tests.helpers import assert_same_state, clean_env, run_cli, trained_mlp
 from tests.integration.serving import Service, registry_server
 
@@ -205,3 +208,41 @@ def test_cli_through_registry_uri(server: Service, tmp_path: Path,
     assert missing.stderr.strip() == f"error: {name}:v7 not found; latest is v1"
     # Nothing was written to the client's own embedded catalog.
     assert not (tmp_path / "cli-home" / "registry.db").exists()
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:
+    """Fuzz every operation in /openapi.json (bounded); no request may produce a 5xx."""
+    exe = Path(sys.executable).with_name("schemathesis")
+    if not exe.exists():
+        require_service("schemathesis", "not installed (pip install -e '.[dev]')")
+    with registry_server(tmp_path / "home", tmp_path) as service:
+        seed = registry.Registry(service.url)
+        seed.push(trained_mlp(), "fuzzed", aliases=["production"])
+        seed.close()
+        result = subprocess.run(
+            [str(exe), "run", f"{service.url}/openapi.json", "--checks", "not_a_server_error",
+             "--max-examples", "20", "--seed", "5", "--request-timeout", "30",
+             # Syncing MLflow imports it (seconds); test_mlflow.py covers that endpoint.
+             "--exclude-path", "/api/v1/mlflow/sync"],
+            capture_output=True, text=True, timeout=500, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+        assert " 500 " not in service.output() and "Traceback" not in service.output()
+
+
+@pytest.mark.parametrize("manifest", [{}, {"format_version": "1"}, {"format_version": 1},
+                                      {"format_version": 99}, {"format_version": 1, "name": 3}])
+def test_commit_refuses_manifests_that_do_not_match_the_reservation(
+        server: Service, manifest: dict[str, object], request: pytest.FixtureRequest) -> None:
+    name = _name(request)[:50].strip("-.")
+    api = server.url + "/api/v1"
+    data = name.encode()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    version = httpx.post(f"{api}/models/{name}/pushes",
+                         json={"digest": digest, "size": len(data)}).json()["version"]
+    httpx.put(f"{api}/blobs/{digest}", content=data)
+    response = httpx.post(f"{api}/models/{name}/pushes/{version}/commit",
+                          json={"manifest": manifest})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_checkpoint"
+    assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
