@@ -146,7 +146,7 @@ def ui(ctx: click.Context, host: str, port: int) -> None:
     click.echo(f"synced {len(report['mirrored'])} version(s); MLflow UI on "
                f"http://{host}:{port}/#/models (Ctrl-C to stop)", err=True)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-               "--host", host, "--port", str(port)]
+               "--host", host, "--port", str(port), "--workers", "1"]
     try:
         sys.exit(subprocess.call(command))
     except KeyboardInterrupt:

@@ -51,7 +51,7 @@ class Service:
                 self.proc.wait(timeout=10)
 
 
-def _wait_until_up(service: Service, probe: str, timeout: float, what: str) -> None:
+def wait_until_up(service: Service, probe: str, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service.proc.poll() is not None:
@@ -76,7 +76,7 @@ def start_registry_server(home: Path, log_dir: Path, *args: str, env_extra: dict
         proc = subprocess.Popen([*registry_exe(), "serve", "--port", str(port), *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
     service = Service(f"http://127.0.0.1:{port}", proc, log)
-    _wait_until_up(service, "/healthz", timeout, "registry serve")
+    wait_until_up(service, "/healthz", timeout, "registry serve")
     return service
 
 
@@ -106,7 +106,7 @@ def start_mlflow_server(db: Path, log_dir: Path, timeout: float = 120) -> Servic
                                 cwd=str(log_dir), start_new_session=True)
     service = Service(f"http://127.0.0.1:{port}", proc, log)
     try:
-        _wait_until_up(service, "/health", timeout, "mlflow server")
+        wait_until_up(service, "/health", timeout, "mlflow server")
     except AssertionError as exc:
         require_service("mlflow server", str(exc)[:500])
     return service

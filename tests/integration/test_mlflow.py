@@ -18,9 +18,11 @@ from tests.helpers import clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
     Service,
     free_port,
+    registry_exe,
     registry_server,
     start_mlflow_server,
     stop_group,
+    wait_until_up,
 )
 
 pytestmark = pytest.mark.slow
@@ -220,3 +222,23 @@ def _migrate_round_trip(url: str) -> None:
         assert current_revision(engine) == "0002"
     finally:
         engine.dispose()
+
+
+def test_registry_ui_syncs_then_serves_mlflow(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    reg = registry.Registry(home=home)
+    reg.push(trained_mlp(), "ui-model")
+    reg.close()
+    port = free_port()
+    log = tmp_path / "ui.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*registry_exe(), "ui", "--port", str(port)], env=clean_env(home),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    service = Service(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        wait_until_up(service, "/health", 120, "registry ui")
+        assert "synced 1 version(s)" in service.output()
+        mv = _version(service, "ui-model", 1)
+        assert mv is not None and mv["tag_map"]["registry.ref"] == "ui-model:v1"
+    finally:
+        stop_group(service)
