@@ -47,9 +47,12 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     path = auth_file or default_auth_file()
-    if auth_file is not None and not auth_file.exists():
-        raise SettingsError(f"--auth-file {auth_file} does not exist; create it with "
-                            f"`registry token create NAME --scopes admin --auth-file {auth_file}`")
+    # Only the implicit default may be absent: a file someone named must exist.
+    named = "--auth-file" if auth_file is not None else (
+        "REGISTRY_AUTH_FILE" if os.environ.get("REGISTRY_AUTH_FILE") else None)
+    if named is not None and not path.exists():
+        raise SettingsError(f"{named} {path} does not exist; create it with "
+                            f"`registry token create NAME --scopes admin --auth-file {path}`")
     policy = AuthPolicy.for_server(host, auth_file=path if path.exists() else None,
                                    allow_anonymous=allow_anonymous)
     if policy.mode == "tokens":

@@ -77,13 +77,6 @@ def record_from_wire(data: dict[str, Any]) -> VersionRecord:
                          tags=dict(data["tags"]), aliases=list(data["aliases"]))
 
 
-class ServerLocation:
-    """What ``Registry.store`` reports for a remote registry: the server, not a store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-
 class RemoteBackend:
     """A registry server reached over HTTP(S), with a local verified blob cache."""
 
@@ -97,7 +90,6 @@ class RemoteBackend:
             raise SettingsError("put credentials in token=... or REGISTRY_TOKEN, not in the "
                                 "registry URI")
         self.url = url.rstrip("/")
-        self.store = ServerLocation(self.url)
         self.cache = BlobCache(cache_dir)
         self._token = token
         self._timeout = timeout

@@ -44,6 +44,7 @@ from registry.errors import (
     RefError,
     RegistryError,
     SchemaOutOfDateError,
+    SettingsError,
     StoreUnavailableError,
     VersionExistsError,
 )
@@ -116,6 +117,9 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     settings = settings or Settings.from_env()
     if auth is None:
         raw = os.environ.get("REGISTRY_AUTH_FILE")
+        if raw and not Path(raw).exists():
+            raise SettingsError(f"REGISTRY_AUTH_FILE {raw} does not exist; create it with "
+                                "`registry token create NAME --scopes admin`")
         auth = AuthPolicy.for_server("127.0.0.1", auth_file=Path(raw) if raw else None,
                                      allow_anonymous=False)
     policy = auth

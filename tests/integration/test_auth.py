@@ -194,3 +194,12 @@ def test_loopback_detection(host: str, loopback: bool) -> None:
     if not loopback:
         with pytest.raises(registry.SettingsError, match="refusing to serve"):
             AuthPolicy.for_server(host, auth_file=None, allow_anonymous=False)
+
+
+def test_a_named_auth_file_that_is_missing_stops_the_server(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    env = clean_env(tmp_path / "home", REGISTRY_AUTH_FILE=str(missing))
+    result = subprocess.run([*registry_exe(), "serve", "--port", str(free_port())], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2  # never a silently open server
+    assert f"REGISTRY_AUTH_FILE {missing} does not exist" in result.stderr
