@@ -121,9 +121,12 @@ class LocalBackend:
         aliases: Iterable[str],
     ) -> VersionRecord:
         """Reserve a number, upload the blob, write the manifest, then make the version visible."""
+        key = mf.blob_key(digest)
+        # Ask the store first: a missing bucket or a dead endpoint then fails the push before it
+        # spends a version number. The answer is not trusted for dedup (gc may run in between).
+        self.store.has(key)
         number = self.catalog.reserve(name, version, digest, size)
         try:
-            key = mf.blob_key(digest)
             if self.store.has(key) != size:
                 self.store.put_file(key, blob, move=True)
                 local = self.store.open_local(key)
