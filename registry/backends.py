@@ -157,9 +157,9 @@ class LocalBackend:
             self.verified.verify(local, digest, what="stored blob")
             return local
 
-        def download(tmp: Path) -> None:
+        def download(tmp: Path) -> str:
             with transfer(size, f"pull {digest[7:19]}") as progress:
-                self.store.get_to_file(key, tmp, progress=progress)
+                return self.store.get_to_file(key, tmp, progress=progress)
 
         return self.cache.get(digest, download)
 

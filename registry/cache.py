@@ -91,8 +91,12 @@ class BlobCache:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def get(self, digest: str, download: Callable[[Path], None]) -> Path:
-        """A verified local path for ``digest``, calling ``download(tmp_path)`` only if needed."""
+    def get(self, digest: str, download: Callable[[Path], str | None]) -> Path:
+        """A verified local path for ``digest``, calling ``download(tmp_path)`` only if needed.
+
+        ``download`` returns the sha256 of what it wrote when it hashed while writing; if it
+        returns None the file is hashed here.
+        """
         target = self.path(digest)
         if target.exists():
             try:
@@ -105,8 +109,7 @@ class BlobCache:
         os.close(fd)
         tmp = Path(name)
         try:
-            download(tmp)
-            actual = sha256_file(tmp)
+            actual = download(tmp) or sha256_file(tmp)
             if actual != digest:
                 raise DigestMismatchError(
                     f"downloaded blob {digest} hashes to {actual}: the store copy is corrupt or "

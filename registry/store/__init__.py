@@ -36,8 +36,9 @@ class ObjectStore(Protocol):
     def get_bytes(self, key: str) -> bytes:
         """The whole object; raises NotFoundError if it is missing."""
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
-        """Download the object into ``path`` (a temporary file the caller owns)."""
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
+        """Download the object into ``path`` (a temporary file the caller owns); return the
+        ``sha256:<hex>`` of the bytes written, computed as they were written."""
 
     def open_local(self, key: str) -> Path | None:
         """A local path to read the object in place, for stores on this filesystem."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -88,15 +89,18 @@ class FileStore:
         except FileNotFoundError:
             raise NotFoundError(f"object {key!r} not found in store {self.url}") from None
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
         source = self._path(key)
         if not source.exists():
             raise NotFoundError(f"object {key!r} not found in store {self.url}")
+        sha = hashlib.sha256()
         with open(source, "rb") as src, open(path, "wb") as dst:
             while chunk := src.read(8 * 1024 * 1024):
+                sha.update(chunk)
                 dst.write(chunk)
                 if progress:
                     progress(len(chunk))
+        return f"sha256:{sha.hexdigest()}"
 
     def open_local(self, key: str) -> Path | None:
         path = self._path(key)

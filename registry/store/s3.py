@@ -5,9 +5,9 @@
 never by ``import registry``.
 
 Transfers go through s3transfer's managed transfer: multipart uploads with concurrent parts, and
-downloads as concurrent ranged GETs written into the caller's temporary file (s3transfer writes to
-a sibling temp file, renames it over the target when complete, and removes it on failure). The
-caller (``BlobCache``) then verifies the sha256 and renames into the cache.
+downloads as concurrent ranged GETs written into the caller's temporary file (s3transfer writes
+the caller's temporary file in order, hashing as the bytes arrive). The caller (``BlobCache``)
+compares that digest with the one recorded and only then renames the file into the cache.
 
 Every botocore error is translated in one place, :func:`_mapped_errors`; messages name the
 endpoint, bucket and key, never credentials.
@@ -16,6 +16,7 @@ endpoint, bucket and key, never credentials.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import threading
@@ -182,15 +183,21 @@ class S3Store:
             response = self.client.get_object(Bucket=self.bucket, Key=full)
             return bytes(response["Body"].read())
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> None:
-        """Concurrent ranged GETs into ``path`` (s3transfer's managed download)."""
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
+        """Concurrent ranged GETs into ``path``, hashed as the bytes arrive; returns the digest.
+
+        The writer is not seekable, so s3transfer fetches parts concurrently but hands them to
+        it in order, which is what lets sha256 run alongside the download instead of after it.
+        """
         from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
 
         full = self._key(key)
         subscribers = [ProgressCallbackInvoker(progress)] if progress else None
-        with self._mapped_errors(key), \
+        with open(path, "wb") as fh, self._mapped_errors(key), \
                 create_transfer_manager(self.client, self._transfer_config()) as manager:
-            manager.download(self.bucket, full, str(path), subscribers=subscribers).result()
+            writer = HashingWriter(fh)
+            manager.download(self.bucket, full, writer, subscribers=subscribers).result()
+        return writer.digest()
 
     def open_local(self, key: str) -> Path | None:
         self._key(key)
@@ -338,6 +345,24 @@ class S3Store:
 
 class _Missing(Exception):
     """Internal: a key that is not there, for ``has``."""
+
+
+class HashingWriter:
+    """A write-only, non-seekable file that hashes everything written through it."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self._sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._sha.update(data)
+        return int(self._fh.write(data))
+
+    def seekable(self) -> bool:
+        return False
+
+    def digest(self) -> str:
+        return f"sha256:{self._sha.hexdigest()}"
 
 
 def _code(exc: Any) -> str:

@@ -76,9 +76,10 @@ def test_large_file_round_trips_through_get_to_file(store: ObjectStore, tmp_path
     target = tmp_path / "dl.tmp"
     target.touch()
     seen: list[int] = []
-    store.get_to_file("blobs/sha256/big", target, progress=seen.append)
-    assert hashlib.sha256(target.read_bytes()).digest() == \
-        hashlib.sha256(src.read_bytes()).digest()
+    reported = store.get_to_file("blobs/sha256/big", target, progress=seen.append)
+    expected = hashlib.sha256(src.read_bytes()).hexdigest()
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == expected
+    assert reported == f"sha256:{expected}", "the digest is computed as the bytes are written"
     assert sum(seen) == src.stat().st_size
     # Nothing but the target is left next to it (no stray partial files).
     assert {p.name for p in tmp_path.iterdir()} - {"objects"} == {"dl.tmp", "src.bin"}
