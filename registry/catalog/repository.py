@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import NotFoundError, VersionExistsError
 from ..refs import Ref
 from .db import ensure_schema, make_engine, mapped_errors
-from .records import VersionRecord
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionRow
+from .records import VersionRecord
 
 _CLAIM_RETRIES = 5
 
@@ -138,7 +138,8 @@ class Catalog:
                     VersionRow.model_id == model.id, VersionRow.digest == ref.digest,
                     VersionRow.state == READY).order_by(VersionRow.version.desc()).limit(1))
                 if newest is None:
-                    raise NotFoundError(f"{ref} not found: no version of {ref.name} has that digest")
+                    raise NotFoundError(
+                        f"{ref} not found: no version of {ref.name} has that digest")
                 row = newest
             elif ref.version is not None:
                 row = self._row(s, model, ref.version)
