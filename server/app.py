@@ -251,7 +251,13 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
             raise NotFoundError(f"blob {digest} of {name}:v{number} is not in the store "
                                 f"({have or 0} of {size} bytes); upload it before committing")
         local.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
-        record = local.catalog.commit(name, number, manifest, tags, aliases)
+        try:
+            record = local.catalog.commit(name, number, manifest, tags, aliases)
+        except BaseException:
+            # A manifest without a committed row would come back on `registry db rebuild`.
+            with contextlib.suppress(Exception):
+                local.store.delete(mf.manifest_key(name, number))
+            raise
         if record.aliases:
             local._write_aliases(name)
         log.info("push %s:v%d committed by %s", name, number, caller)
@@ -264,6 +270,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         if local.catalog.reservation(name, number) is None:
             raise NotFoundError(f"no push of {name}:v{number} is in progress")
         local.catalog.abort(name, number)
+        local.store.delete(mf.manifest_key(name, number))
         return Response(status_code=204)
 
     # -- blobs ----------------------------------------------------------------------------
