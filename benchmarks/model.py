@@ -29,6 +29,9 @@ class Size:
 
 FULL = Size("default", dim=2048, hidden=8192, blocks=6)   # ~806 MB of float32
 QUICK = Size("quick", dim=512, hidden=2048, blocks=6)     # ~50 MB of float32
+# The S3 rows' model in a default run: moto copies the whole object for every ranged GET, so
+# its loopback throughput falls as objects grow (an 806 MB object took 50-80 s per download).
+S3 = Size("s3", dim=1024, hidden=4096, blocks=6)          # ~201 MB of float32
 
 
 class Block(nn.Module):

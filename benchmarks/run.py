@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"building and pushing the {size.label} model ({size.float32_bytes / 1e6:.0f} MB)...",
           file=sys.stderr)
-    bench = rows.Bench.create(size, args.runs, work)
+    bench = rows.Bench.create(size, args.runs, work, model.QUICK if args.quick else model.S3)
     facts = machine_facts(ROOT, {
         "model": f"{size.label}: {size.blocks} blocks of Linear {size.dim} -> {size.hidden} -> "
                  f"{size.dim} + LayerNorm, float32, {size.parameters:,} parameters, "
-                 f"{bench.nbytes / 1e6:.0f} MB file",
+                 f"{bench.nbytes / 1e6:.0f} MB file (rows 5-6: "
+                 f"{(model.QUICK if args.quick else model.S3).float32_bytes / 1e6:.0f} MB)",
         "runs": f"median of {args.runs} timed runs after 1 warm-up per figure "
                 "(row 8: 7 runs; row 9: 200 calls per ref)",
         "malloc mmap threshold": malloc,
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"rows {', '.join(map(str, numbers))}: {group.__name__}...", file=sys.stderr)
             t0 = time.monotonic()
-            results.extend(r for r in group(bench) if r.number in wanted)
+            done = [r for r in group(bench) if r.number in wanted]
+            results.extend(done)
+            for r in done:
+                print(f"  row {r.number}: {r.ratio} ({r.verdict}); {r.measured}", file=sys.stderr)
             print(f"  done in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     finally:
         bench.reg.close()

@@ -11,6 +11,8 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -34,9 +36,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """An S3 endpoint URL served by moto on 127.0.0.1, with fake credentials in the env."""
+def moto_server() -> Iterator[Endpoint]:
+    """An S3 endpoint served by moto on 127.0.0.1, with fake credentials in the env."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", _MOTO, str(port)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -52,7 +66,7 @@ def moto_server() -> Iterator[str]:
         saved = {k: os.environ.get(k) for k in _FAKE_AWS}
         os.environ.update(_FAKE_AWS)
         try:
-            yield endpoint
+            yield Endpoint(endpoint, proc.pid)
         finally:
             for k, v in saved.items():
                 if v is None:
