@@ -221,9 +221,10 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
         digest = _digest(name, body.digest)
-        number = local.catalog.reserve(name, claim, digest, body.size)
+        # Ask the store first (as LocalBackend.push does): a dead store burns no number.
         key = mf.blob_key(digest)
         upload = None if local.store.has(key) == body.size else _upload_target(local, digest)
+        number = local.catalog.reserve(name, claim, digest, body.size)
         log.info("push %s:v%d begun by %s", name, number, caller)
         return {"version": number, "upload": upload}
 
