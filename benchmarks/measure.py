@@ -101,8 +101,8 @@ def pin_malloc_threshold() -> str:
 
 # -- peak memory in a fresh process ------------------------------------------------------------
 
-def probe(action: str, **options: Any) -> dict[str, int]:
-    """Run ``benchmarks.probe`` in a fresh interpreter; return its baseline and peak RSS."""
+def probe(action: str, **options: Any) -> dict[str, Any]:
+    """Run ``benchmarks.probe`` in a fresh interpreter; return the JSON it prints."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.probe", action, json.dumps(options)],

@@ -1,8 +1,10 @@
-"""Peak RSS of one operation in a fresh interpreter: ``python -m benchmarks.probe ACTION JSON``.
+"""One measurement in a fresh interpreter: ``python -m benchmarks.probe ACTION JSON``.
+
+``resolve`` times ``Registry.show``; the other actions measure the peak RSS of one operation.
 
 The baseline is taken once imports are done and the catalog is open, then the kernel's
 high-water mark is reset (``/proc/self/clear_refs`` = 5) so the peak is the operation's own.
-Prints one JSON line: ``{"baseline": bytes, "peak": bytes}``.
+Prints one JSON line: ``{"baseline": bytes, "peak": bytes}`` (``resolve``: seconds per ref).
 """
 
 from __future__ import annotations
@@ -24,7 +26,33 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def main(action: str, options: dict[str, Any]) -> dict[str, int]:
+def resolve(options: dict[str, Any]) -> dict[str, float]:
+    """Median seconds of ``Registry.show`` per ref, refs taken round-robin (so background work
+    such as autovacuum hits every ref alike), after one warm-up call each."""
+    import statistics
+    import time
+
+    import registry
+
+    reg = registry.Registry(home=options["home"], catalog=options["catalog"])
+    refs = options["refs"]
+    samples: dict[str, list[float]] = {ref: [] for ref in refs}
+    try:
+        for ref in refs:
+            reg.show(ref)  # warm-up: connection, schema check
+        for _ in range(options["calls"]):
+            for ref in refs:
+                start = time.perf_counter()
+                reg.show(ref)
+                samples[ref].append(time.perf_counter() - start)
+    finally:
+        reg.close()
+    return {ref: statistics.median(v) for ref, v in samples.items()}
+
+
+def main(action: str, options: dict[str, Any]) -> dict[str, Any]:
+    if action == "resolve":
+        return resolve(options)
     import torch
 
     from benchmarks.measure import touch, touch_module

@@ -117,8 +117,7 @@ def local_pull(b: Bench) -> list[Row]:
     row1.ratio = f"{pull / floor:.2f}x"
     row1.ok = pull / floor <= 1.15
     row1.notes.append(f"Samples (s): pull {t['pull'].spread()}, floor {t['floor'].spread()}.")
-    if not row1.ok:
-        row1.notes.append(_pull_overhead_note(b, pull - floor))
+    row1.notes.append(_pull_overhead_note(b, pull - floor))
 
     row2 = Row(2, "same pull vs the peers",
                "`mlflow.pytorch.load_model` (pickle flavor); `torch.load(weights_only=True)` + "
@@ -135,10 +134,16 @@ def local_pull(b: Bench) -> list[Row]:
 
 
 def _pull_overhead_note(b: Bench, overhead: float) -> str:
-    return (f"The pull costs {overhead * 1000:.1f} ms more than the floor; at this model size "
-            f"({b.nbytes / MB:.0f} MB) the fixed per-pull work (catalog resolve, building the "
-            "module on `meta`, `check_fits`, `load_state_dict(assign=True)`) is not amortised. "
-            "See the profile notes in the report.")
+    return (f"The pull costs {overhead * 1000:.1f} ms more than the floor, a fixed cost per "
+            "pull, not per byte: both read the same memory map, and the registry adds the "
+            "catalog resolve (~2 ms on SQLite), building the module on `meta` (Linear's "
+            "`__init__` still allocates each weight with `torch.empty` and runs "
+            "`reset_parameters` before the parameter is swapped for a meta one), `check_fits`, "
+            "the verification memo lookup, and `load_state_dict(assign=True)` (profiled with "
+            f"pyinstrument: 15-30 ms in all at this size). At {b.nbytes / MB:.0f} MB that is "
+            "within the target; for models under ~100 MB it is not, and building under "
+            "`torch.device('meta')` (re-creating non-persistent buffers afterwards) would "
+            "remove most of the module-building part.")
 
 
 # -- row 3: peak RSS ------------------------------------------------------------------------------
@@ -179,10 +184,17 @@ def push(b: Bench) -> list[Row]:
     experiment = mlflow.create_experiment(f"bench-{time.time_ns()}", artifact_location=art.as_uri())
     state = {k: v.contiguous() for k, v in b.net.state_dict().items()}
 
+    def sha256(path: Path) -> str:
+        digest = hashlib.sha256()
+        buf = bytearray(8 * 2**20)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                digest.update(memoryview(buf)[:n])
+        return digest.hexdigest()
+
     def floor() -> str:
         save_file(state, str(floor_file), metadata={"format": "pt"})
-        with open(floor_file, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
+        return sha256(floor_file)
 
     def log_model(**options: Any) -> None:
         with mlflow.start_run(experiment_id=experiment):
@@ -223,6 +235,26 @@ def push(b: Bench) -> list[Row]:
     if p / f > 1.5:
         row.notes.append(f"The push is {_s(p - f)} over the floor: normalization (detach, "
                          "contiguous, CPU) plus the catalog transaction and manifest write.")
+    if m / p < 3:
+        os.sync()
+        start = time.perf_counter()
+        save_file(state, str(floor_file), metadata={"format": "pt"})
+        write = time.perf_counter() - start
+        start = time.perf_counter()
+        sha256(floor_file)
+        hashing = time.perf_counter() - start
+        floor_file.unlink()
+        row.notes.append(
+            f"Why the MLflow target misses: the push is at its floor ({p / f:.2f}x), and the "
+            f"floor is mostly sha256: writing the file takes {_s(write)}, hashing it "
+            f"{_s(hashing)} ({b.nbytes / hashing / 1e9:.2f} GB/s; this CPU has no SHA "
+            f"extensions). MLflow does not hash, so beating its {_s(m)} by 3x needs a push of "
+            f"{_s(m / 3)}, below our own floor here. Hashing while serializing (overlapping the "
+            f"two passes) would save at most the write, {_s(write)}, which is not enough. On "
+            "a CPU with SHA-NI (sha256 at 1.5-2 GB/s) the same push would take about "
+            f"{_s(write + b.nbytes / 1.5e9)}, {m / (write + b.nbytes / 1.5e9):.1f}x faster than "
+            "this MLflow figure. The content address is what makes dedup and verified "
+            "pulls possible, so we keep it.")
     return [row]
 
 
@@ -545,8 +577,9 @@ def catalog_resolve(b: Bench) -> list[Row]:
     row.notes.append(
         f"One model with {CATALOG_VERSIONS:,} versions (rows inserted in bulk through the "
         "catalog's models, each with a full manifest), 3 aliases; PostgreSQL analyzed after "
-        "the insert as autovacuum would. Worst of the per-ref medians "
-        f"is shown; per ref, median ms over 200 calls on one warm Registry: {detail}.")
+        "the insert as autovacuum would. Worst of the per-ref medians is shown; per ref, "
+        "median ms over 200 calls on one warm Registry in a fresh interpreter, refs taken "
+        f"round-robin: {detail}.")
     return [row]
 
 
@@ -566,23 +599,15 @@ def _resolve_times(b: Bench, url: str, template: dict[str, Any]) -> dict[str, fl
                 conn.commit()
     finally:
         catalog.close()
-    reg = registry.Registry(home=b.work / "catalog-home", catalog=url)
     digest = f"sha256:{hashlib.sha256(b'1234').hexdigest()}"
     refs = ["catalog-bench", "catalog-bench:v5000", "catalog-bench@champion",
             f"catalog-bench@{digest}"]
-    samples: dict[str, list[float]] = {ref: [] for ref in refs}
-    try:
-        for ref in refs:
-            reg.show(ref)  # warm-up: connection, schema check
-        for _ in range(200):  # round-robin, so background work (autovacuum) hits every ref
-            for ref in refs:
-                start = time.perf_counter()
-                reg.show(ref)
-                samples[ref].append(time.perf_counter() - start)
-    finally:
-        reg.close()
-    return {(ref if "@sha256" not in ref else "catalog-bench@sha256:…"): statistics.median(v)
-            for ref, v in samples.items()}
+    # In a fresh interpreter that has imported only the registry, as a CLI or server process
+    # would: this benchmark's own process carries MLflow, moto's client and a large heap.
+    medians = measure.probe("resolve", home=str(b.work / "catalog-home"), catalog=url,
+                            refs=refs, calls=200)
+    return {(ref if "@sha256" not in ref else "catalog-bench@sha256:…"): medians[ref]
+            for ref in refs}
 
 
 def _seed(catalog: Any, template: dict[str, Any]) -> None:
