@@ -109,6 +109,47 @@ class LocalBackend:
 
     # -- push -----------------------------------------------------------------------------
 
+    def begin_push(self, name: str, version: int | None, digest: str,
+                   size: int) -> tuple[int, bool]:
+        """Reserve a version number for a push of blob ``digest``; the version stays invisible.
+
+        Returns the number and whether the blob still has to be uploaded.
+        """
+        key = mf.blob_key(digest)
+        # Ask the store first: a missing bucket or a dead endpoint then fails the push before it
+        # spends a version number. That answer is not trusted for dedup: gc may run in between,
+        # and gc keeps only blobs that a reservation or a version references.
+        self.store.has(key)
+        number = self.catalog.reserve(name, version, digest, size)
+        return number, self.store.has(key) != size
+
+    def commit_push(self, name: str, number: int, manifest: dict[str, Any],
+                    tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
+        """Write the manifest, then make the reserved version visible with its tags and aliases."""
+        (blob,) = mf.files(manifest)
+        have = self.store.has(mf.blob_key(blob["digest"]))
+        if have != blob["size"]:
+            raise NotFoundError(
+                f"blob {blob['digest']} of {name}:v{number} is not in the store ({have or 0} of "
+                f"{blob['size']} bytes); upload it before committing"
+            )
+        self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
+        try:
+            record = self.catalog.commit(name, number, manifest, tags, aliases)
+        except BaseException:
+            # A manifest without a committed row would come back on `registry db rebuild`.
+            with contextlib.suppress(Exception):
+                self.store.delete(mf.manifest_key(name, number))
+            raise
+        if record.aliases:
+            self._write_aliases(name)
+        return record
+
+    def abort_push(self, name: str, number: int) -> None:
+        """Drop a reservation; its number stays retired and no manifest is left behind."""
+        self.catalog.abort(name, number)
+        self.store.delete(mf.manifest_key(name, number))
+
     def push(
         self,
         name: str,
@@ -121,28 +162,19 @@ class LocalBackend:
         aliases: Iterable[str],
     ) -> VersionRecord:
         """Reserve a number, upload the blob, write the manifest, then make the version visible."""
-        key = mf.blob_key(digest)
-        # Ask the store first: a missing bucket or a dead endpoint then fails the push before it
-        # spends a version number. The answer is not trusted for dedup (gc may run in between).
-        self.store.has(key)
-        number = self.catalog.reserve(name, version, digest, size)
+        number, missing = self.begin_push(name, version, digest, size)
         try:
-            if self.store.has(key) != size:
+            if missing:
+                key = mf.blob_key(digest)
                 self.store.put_file(key, blob, move=True)
                 local = self.store.open_local(key)
                 if local is not None:
                     self.verified.remember(local, digest)  # push hashed these very bytes
-            manifest = manifest_for(number)
-            self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
-            record = self.catalog.commit(name, number, manifest, tags, aliases)
+            return self.commit_push(name, number, manifest_for(number), tags, aliases)
         except BaseException:
             with contextlib.suppress(Exception):
-                self.catalog.abort(name, number)
-                self.store.delete(mf.manifest_key(name, number))
+                self.abort_push(name, number)
             raise
-        if record.aliases:
-            self._write_aliases(name)
-        return record
 
     # -- pull -----------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import os
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,16 @@ from .catalog.records import VersionRecord
 from .errors import RefError, SettingsError
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
-from .refs import Ref, parse, parse_push_target, validate_alias, validate_name, validate_version
+from .refs import (
+    Ref,
+    parse,
+    parse_push_target,
+    validate_alias,
+    validate_aliases,
+    validate_name,
+    validate_tags,
+    validate_version,
+)
 from .serialize import sha256_file, write_safetensors
 from .settings import Settings
 from .store import ObjectStore
@@ -29,8 +38,6 @@ if TYPE_CHECKING:
     from .catalog.repository import Catalog
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
-_MAX_TAG_KEY = 250
-_MAX_TAG_VALUE = 5000
 
 
 class Registry:
@@ -95,8 +102,8 @@ class Registry:
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``."""
         target, claim = parse_push_target(name)
-        alias_list = _alias_list(aliases)
-        tag_map = _tag_map(tags)
+        alias_list = validate_aliases(aliases)
+        tag_map = cast(dict[str, str], validate_tags(tags))
         architecture: dict[str, Any] = {}
         if factory is not None:
             architecture["factory"] = factory_string(factory)
@@ -275,11 +282,8 @@ class Registry:
     def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
         """Merge ``tags`` into the version's tags; a None value removes a tag."""
         resolved = self._backend.resolve(parse(ref))
-        clean = {k: v for k, v in _tag_map({k: v for k, v in tags.items() if v is not None})
-                 .items()}
-        removals = {k: None for k, v in tags.items() if v is None}
         return _version(self._backend.set_tags(resolved.name, resolved.version,
-                                               {**clean, **removals}))
+                                               validate_tags(tags, removals=True)))
 
     def delete_version(self, ref: str | Ref) -> ModelVersion:
         """Delete one explicit version (``name:vN``); its number is never reused."""
@@ -324,28 +328,6 @@ def _bytes_needed(manifest: dict[str, Any], requested: torch.dtype | None) -> in
                 torch.empty((), dtype=requested).element_size()
         total += size
     return total
-
-
-def _alias_list(aliases: Iterable[str] | str) -> list[str]:
-    items = [aliases] if isinstance(aliases, str) else list(aliases)
-    return sorted({validate_alias(a) for a in items})
-
-
-def _tag_map(tags: Mapping[str, str] | None) -> dict[str, str]:
-    if tags is None:
-        return {}
-    if not isinstance(tags, Mapping):
-        raise RefError(f"tags must be a dict of str -> str, got {type(tags).__name__}")
-    out: dict[str, str] = {}
-    for key, value in tags.items():
-        if not isinstance(key, str) or not key or len(key) > _MAX_TAG_KEY or key != key.strip():
-            raise RefError(f"invalid tag key {key!r}: use a non-empty string of at most "
-                           f"{_MAX_TAG_KEY} characters without surrounding spaces")
-        if not isinstance(value, str) or len(value) > _MAX_TAG_VALUE:
-            raise RefError(f"invalid value for tag {key!r}: {value!r}; tag values are strings "
-                           f"of at most {_MAX_TAG_VALUE} characters (use str(...))")
-        out[key] = value
-    return dict(sorted(out.items()))
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

@@ -16,7 +16,10 @@
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
-    └── SchemaOutOfDateError                   a catalog behind the code's migrations
+    ├── MlflowUnavailableError (ConnectionError)
+    ├── SchemaOutOfDateError                   a catalog behind the code's migrations
+    ├── UnauthorizedError (PermissionError)    a missing, wrong or revoked token (HTTP 401)
+    └── ForbiddenError (PermissionError)       a token without the needed scope (HTTP 403)
 
 Each class has a stable ``code`` so a server can send it and a client raise the same class.
 """
@@ -142,6 +145,27 @@ class SchemaOutOfDateError(RegistryError):
     exit_code = 10
 
 
+class MlflowUnavailableError(RegistryError, ConnectionError):
+    """The MLflow tracking server cannot be reached or refused a mirroring request."""
+
+    code = "mlflow_unavailable"
+    exit_code = 9
+
+
+class UnauthorizedError(RegistryError, PermissionError):
+    """A missing, wrong or revoked token (HTTP 401)."""
+
+    code = "unauthorized"
+    exit_code = 11
+
+
+class ForbiddenError(RegistryError, PermissionError):
+    """A valid token without the scope the request needs (HTTP 403)."""
+
+    code = "forbidden"
+    exit_code = 11
+
+
 ERRORS_BY_CODE: dict[str, type[RegistryError]] = {
     cls.code: cls
     for cls in (
@@ -162,5 +186,8 @@ ERRORS_BY_CODE: dict[str, type[RegistryError]] = {
         StoreUnavailableError,
         CatalogUnavailableError,
         SchemaOutOfDateError,
+        MlflowUnavailableError,
+        UnauthorizedError,
+        ForbiddenError,
     )
 }

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from . import manifest as mf
 from .catalog.records import VersionRecord
 from .display import human_bytes, version_table
-from .errors import NotFoundError, RegistryError
+from .errors import MlflowUnavailableError, NotFoundError, RegistryError
 from .manifest import ModelVersion
+from .settings import redact_url
 
 if TYPE_CHECKING:
     from .backends import LocalBackend
@@ -42,13 +43,6 @@ log = logging.getLogger(__name__)
 
 _TAG_KEY_RE = re.compile(r"[^\w.\- /]")
 _MAX_PLACEHOLDERS = 10_000
-
-
-class MlflowUnavailableError(RegistryError, ConnectionError):
-    """The MLflow tracking server cannot be reached or refused a mirroring request."""
-
-    code = "mlflow_unavailable"
-    exit_code = 9
 
 
 @dataclass
@@ -286,13 +280,9 @@ def _mapped(uri: str) -> Iterator[None]:
     except Exception as exc:
         first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         raise MlflowUnavailableError(
-            f"mirroring to MLflow at {_redact(uri)} failed ({first}); versions stay "
+            f"mirroring to MLflow at {redact_url(uri)} failed ({first}); versions stay "
             "pending: run `registry mlflow sync` once MLflow is reachable"
         ) from None
-
-
-def _redact(uri: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", uri)
 
 
 class MirrorWorker:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .errors import RefError
@@ -93,6 +94,38 @@ def validate_version(version: object) -> int:
     if not 1 <= number <= MAX_VERSION:
         raise RefError(f"invalid version {version!r}: versions run from 1 to {MAX_VERSION}")
     return number
+
+
+MAX_TAG_KEY = 250
+MAX_TAG_VALUE = 5000
+
+
+def validate_aliases(aliases: Iterable[str] | str) -> list[str]:
+    """A sorted, de-duplicated list of valid aliases (a single string is one alias)."""
+    items = [aliases] if isinstance(aliases, str) else list(aliases)
+    return sorted({validate_alias(a) for a in items})
+
+
+def validate_tags(tags: Mapping[str, str | None] | None, *,
+                  removals: bool = False) -> dict[str, str | None]:
+    """Tags as a sorted dict of str -> str; with ``removals``, a None value marks a deletion."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise RefError(f"tags must be a dict of str -> str, got {type(tags).__name__}")
+    out: dict[str, str | None] = {}
+    for key, value in tags.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_TAG_KEY or key != key.strip():
+            raise RefError(f"invalid tag key {key!r}: use a non-empty string of at most "
+                           f"{MAX_TAG_KEY} characters without surrounding spaces")
+        if value is None and removals:
+            out[key] = None
+            continue
+        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE:
+            raise RefError(f"invalid value for tag {key!r}: {value!r}; tag values are strings "
+                           f"of at most {MAX_TAG_VALUE} characters (use str(...))")
+        out[key] = value
+    return dict(sorted(out.items()))
 
 
 def parse(text: object) -> Ref:

@@ -39,29 +39,10 @@ _CHUNK = 1024 * 1024
 _DOWNLOAD_ATTEMPTS = 3
 
 
-class UnauthorizedError(RegistryError, PermissionError):
-    """A missing, wrong or revoked token (HTTP 401)."""
-
-    code = "unauthorized"
-    exit_code = 11
-
-
-class ForbiddenError(RegistryError, PermissionError):
-    """A valid token without the scope the request needs (HTTP 403)."""
-
-    code = "forbidden"
-    exit_code = 11
-
-
-# Codes the server may send beyond registry.errors (kept here until errors.py adopts them).
-REMOTE_ERRORS: dict[str, type[RegistryError]] = {
-    UnauthorizedError.code: UnauthorizedError,
-    ForbiddenError.code: ForbiddenError,
-}
 
 
 def error_class(code: str) -> type[RegistryError]:
-    return ERRORS_BY_CODE.get(code) or REMOTE_ERRORS.get(code) or RegistryError
+    return ERRORS_BY_CODE.get(code) or RegistryError
 
 
 def record_to_wire(record: VersionRecord) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -35,21 +35,29 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import manifest as mf
 from registry.backends import LocalBackend
-from registry.client import _alias_list, _tag_map
 from registry.errors import (
     CatalogUnavailableError,
     CheckpointError,
     DigestMismatchError,
+    ForbiddenError,
     NotFoundError,
     RefError,
     RegistryError,
     SchemaOutOfDateError,
     SettingsError,
     StoreUnavailableError,
+    UnauthorizedError,
     VersionExistsError,
 )
-from registry.refs import parse, validate_alias, validate_name, validate_version
-from registry.remote import ForbiddenError, UnauthorizedError, record_to_wire
+from registry.refs import (
+    parse,
+    validate_alias,
+    validate_aliases,
+    validate_name,
+    validate_tags,
+    validate_version,
+)
+from registry.remote import record_to_wire
 from registry.settings import Settings
 
 from .auth import AuthPolicy, Scope
@@ -221,10 +229,8 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
         digest = _digest(name, body.digest)
-        # Ask the store first (as LocalBackend.push does): a dead store burns no number.
-        key = mf.blob_key(digest)
-        upload = None if local.store.has(key) == body.size else _upload_target(local, digest)
-        number = local.catalog.reserve(name, claim, digest, body.size)
+        number, missing = local.begin_push(name, claim, digest, body.size)
+        upload = _upload_target(local, digest) if missing else None
         log.info("push %s:v%d begun by %s", name, number, caller)
         return {"version": number, "upload": upload}
 
@@ -240,27 +246,15 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def commit_push(name: str, version: str, body: PushCommit,
                     caller: str = write) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
-        tags, aliases = _tag_map(body.tags), _alias_list(body.aliases)
+        tags = cast(dict[str, str], validate_tags(body.tags))
+        aliases = validate_aliases(body.aliases)
         reserved = local.catalog.reservation(name, number)
         if reserved is None:
             raise NotFoundError(f"no push of {name}:v{number} is in progress; begin one with "
                                 f"POST /api/v1/models/{name}/pushes")
         digest, size = reserved
         manifest = _checked_manifest(body.manifest, name, number, digest, size, tags)
-        have = local.store.has(mf.blob_key(digest))
-        if have != size:
-            raise NotFoundError(f"blob {digest} of {name}:v{number} is not in the store "
-                                f"({have or 0} of {size} bytes); upload it before committing")
-        local.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
-        try:
-            record = local.catalog.commit(name, number, manifest, tags, aliases)
-        except BaseException:
-            # A manifest without a committed row would come back on `registry db rebuild`.
-            with contextlib.suppress(Exception):
-                local.store.delete(mf.manifest_key(name, number))
-            raise
-        if record.aliases:
-            local._write_aliases(name)
+        record = local.commit_push(name, number, manifest, tags, aliases)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()
         return record_to_wire(record)
@@ -270,8 +264,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         if local.catalog.reservation(name, number) is None:
             raise NotFoundError(f"no push of {name}:v{number} is in progress")
-        local.catalog.abort(name, number)
-        local.store.delete(mf.manifest_key(name, number))
+        local.abort_push(name, number)
         return Response(status_code=204)
 
     # -- blobs ----------------------------------------------------------------------------
@@ -318,13 +311,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def set_tags(name: str, version: str, body: TagChanges,
                  _caller: str = write) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
-        clean: dict[str, str | None] = dict(
-            _tag_map({k: v for k, v in body.tags.items() if v is not None}))
-        for key, value in body.tags.items():
-            if value is None:
-                _tag_map({key: ""})  # the key itself must be valid
-                clean[key] = None
-        record = local.set_tags(name, number, clean)
+        record = local.set_tags(name, number, validate_tags(body.tags, removals=True))
         changed()
         return record_to_wire(record)
 

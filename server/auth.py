@@ -34,8 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from registry.errors import SettingsError
-from registry.remote import ForbiddenError, UnauthorizedError
+from registry.errors import ForbiddenError, SettingsError, UnauthorizedError
 from registry.settings import Settings
 
 Scope = Literal["read", "write", "admin"]

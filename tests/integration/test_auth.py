@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import registry
-from registry.remote import ForbiddenError, UnauthorizedError
+from registry.errors import ForbiddenError, UnauthorizedError
 from server.auth import AuthFile, AuthPolicy, is_loopback, parse_scopes
 from tests.helpers import clean_env, run_cli, trained_mlp
 from tests.integration.serving import Service, free_port, registry_exe, registry_server

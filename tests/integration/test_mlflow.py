@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 import registry
-from registry.mirror_mlflow import MlflowUnavailableError, sync
+from registry.errors import MlflowUnavailableError
+from registry.mirror_mlflow import sync
 from tests.helpers import clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
     Service,
