@@ -114,3 +114,19 @@ def test_versions_and_aliases_validate_alone() -> None:
     assert validate_alias("champion") == "champion"
     with pytest.raises(RefError, match="reserved"):
         validate_alias("v12")
+
+
+def test_tags_validate_and_removals_only_when_asked() -> None:
+    from registry.refs import validate_aliases, validate_tags
+
+    assert validate_tags({"b": "2", "a": "1"}) == {"a": "1", "b": "2"}
+    assert validate_tags({"a": None}, removals=True) == {"a": None}
+    with pytest.raises(RefError, match="invalid value for tag 'a'"):
+        validate_tags({"a": None})
+    for bad_key in ("", " padded", "k" * 251, 3):
+        with pytest.raises(RefError, match="invalid tag key"):
+            validate_tags({bad_key: "v"})  # type: ignore[dict-item]
+    with pytest.raises(RefError, match="dict of str"):
+        validate_tags(["a"])  # type: ignore[arg-type]
+    assert validate_aliases("prod") == ["prod"]
+    assert validate_aliases(["b", "a", "b"]) == ["a", "b"]
