@@ -2,18 +2,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BASE_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # Push a small model into a throwaway registry (./.demo), pull it with device="auto", show it.
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	rm -rf .demo
 	REGISTRY_HOME=$(CURDIR)/.demo $(PY) examples/demo.py
 
