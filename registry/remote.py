@@ -39,8 +39,6 @@ _CHUNK = 1024 * 1024
 _DOWNLOAD_ATTEMPTS = 3
 
 
-
-
 def error_class(code: str) -> type[RegistryError]:
     return ERRORS_BY_CODE.get(code) or RegistryError
 
