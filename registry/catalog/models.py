@@ -40,6 +40,7 @@ class VersionRow(Base):
         UniqueConstraint("model_id", "version", name="uq_registry_versions_model_version"),
         Index("ix_registry_versions_digest", "digest"),
         Index("ix_registry_versions_state", "state"),
+        Index("ix_registry_versions_model_digest", "model_id", "digest", "version"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

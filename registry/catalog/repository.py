@@ -121,7 +121,7 @@ class Catalog:
 
     def resolve(self, ref: Ref) -> VersionRecord:
         with self._session() as s:
-            model = self._model(s, ref.name)
+            model = self._model(s, ref.name, live=False)
             if ref.alias is not None:
                 target = s.scalar(select(AliasRow.version).where(
                     AliasRow.model_id == model.id, AliasRow.alias == ref.alias))
