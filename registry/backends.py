@@ -19,7 +19,7 @@ from . import manifest as mf
 from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
-from .errors import NotFoundError
+from .errors import DigestMismatchError, NotFoundError
 from .refs import Ref
 from .settings import Settings
 from .store import ObjectStore, open_store
@@ -121,7 +121,21 @@ class LocalBackend:
         # and gc keeps only blobs that a reservation or a version references.
         self.store.has(key)
         number = self.catalog.reserve(name, version, digest, size)
-        return number, self.store.has(key) != size
+        return number, not self._holds(key, digest, size)
+
+    def _holds(self, key: str, digest: str, size: int) -> bool:
+        """Whether the store has intact bytes for ``digest``; a damaged local copy does not
+        count, so pushing the same weights again repairs it."""
+        if self.store.has(key) != size:
+            return False
+        local = self.store.open_local(key)
+        if local is None:
+            return True  # a remote store's copy is verified by every pull instead
+        try:
+            self.verified.verify(local, digest, what="stored blob")
+        except DigestMismatchError:
+            return False
+        return True
 
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
                     tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:

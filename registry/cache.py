@@ -69,8 +69,8 @@ class VerifiedFiles:
         if actual != digest:
             self.forget(path, digest)
             raise DigestMismatchError(
-                f"{what} {path} is corrupt: its sha256 is {actual}, expected {digest}; "
-                "it was not loaded"
+                f"{what} {path} is corrupt: its sha256 is {actual}, expected {digest}; it was "
+                "not loaded. Push the same weights again to repair it, or restore the file"
             )
         self.remember(path, digest)
 

@@ -161,7 +161,7 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
 @click.option("--delete", is_flag=True, help="Remove the alias instead of setting it.")
 @click.pass_context
 def alias(ctx: click.Context, name: str, alias: str, version: str | None, delete: bool) -> None:
-    """Point NAME@ALIAS at VERSION (e.g. 3 or v3), or remove it with --delete."""
+    """Point NAME@ALIAS at VERSION (3 or v3); --delete removes the alias."""
     reg = _registry(ctx)
     if delete:
         if version is not None:

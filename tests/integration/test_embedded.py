@@ -218,6 +218,10 @@ def test_corrupted_blob_is_never_loaded(reg: Registry) -> None:
         reg.pull_state_dict("m")
     with pytest.raises(DigestMismatchError):
         reg.pull("m", model=MLP)
+    # Pushing the same weights again notices the damaged copy and replaces it.
+    repaired = reg.push(trained_mlp(), "m")
+    assert repaired.digest == mv.digest
+    assert_same_state(reg.pull_state_dict("m:v1"), trained_mlp().state_dict())
 
 
 def test_hot_pull_does_not_rehash(reg: Registry, monkeypatch) -> None:  # type: ignore[no-untyped-def]
