@@ -78,30 +78,41 @@ def load_tensors(
 
 # -- building the module ----------------------------------------------------------------------
 
-_EMPTY_LOCK = threading.RLock()
+_ORIGINAL_REGISTER = nn.Module.register_parameter
+_patch_lock = threading.Lock()
+_patch_users = 0
+_building = threading.local()
+
+
+def _register_on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    _ORIGINAL_REGISTER(self, name, param)
+    if getattr(_building, "depth", 0) and param is not None and not param.is_meta:
+        self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
 
 
 @contextlib.contextmanager
 def empty_parameters() -> Iterator[None]:
-    """Create parameters on ``meta`` while a module is built; buffers stay real.
+    """Create parameters on ``meta`` while a module is built in this thread; buffers stay real.
 
     Non-persistent buffers (computed in ``__init__``, absent from state dicts) keep their values,
-    which a plain ``torch.device("meta")`` context would lose.
+    which a plain ``torch.device("meta")`` context would lose. The patch on
+    ``nn.Module.register_parameter`` acts only in the thread that entered the context, so a
+    model built concurrently elsewhere (a training thread, another request) is untouched.
     """
-    with _EMPTY_LOCK:
-        original = nn.Module.register_parameter
-
-        def register_parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
-            original(self, name, param)
-            if param is not None and not param.is_meta:
-                kwargs = {"requires_grad": param.requires_grad}
-                self._parameters[name] = type(param)(param.to("meta"), **kwargs)
-
-        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            nn.Module.register_parameter = original  # type: ignore[method-assign]
+    global _patch_users
+    with _patch_lock:
+        if _patch_users == 0:
+            nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign]
+        _patch_users += 1
+    _building.depth = getattr(_building, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _building.depth -= 1
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                nn.Module.register_parameter = _ORIGINAL_REGISTER  # type: ignore[method-assign]
 
 
 def build_module(
