@@ -208,11 +208,17 @@ def test_mirror_state_migration_up_and_down_on_postgres(pg_url: str) -> None:
 def _migrate_round_trip(url: str) -> None:
     from sqlalchemy import inspect
 
-    from registry.catalog.db import current_revision, downgrade, make_engine, upgrade
+    from registry.catalog.db import (
+        current_revision,
+        downgrade,
+        head_revision,
+        make_engine,
+        upgrade,
+    )
 
     engine = make_engine(url)
     try:
-        upgrade(engine)
+        upgrade(engine, "0002")
         columns = {c["name"] for c in inspect(engine).get_columns("registry_versions")}
         assert "mlflow_synced" in columns
         downgrade(engine, "0001")
@@ -220,7 +226,7 @@ def _migrate_round_trip(url: str) -> None:
         columns = {c["name"] for c in inspect(engine).get_columns("registry_versions")}
         assert "mlflow_synced" not in columns
         upgrade(engine)
-        assert current_revision(engine) == "0002"
+        assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
 
