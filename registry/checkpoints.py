@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .devices import device_sort_key
 from .errors import CheckpointError, UnsafeCheckpointError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -106,7 +107,7 @@ def _read_pickle(path: Path) -> Checkpoint:
         ) from None
     state_dict, nested_key = _find_state_dict(obj, path)
     return Checkpoint(
-        state_dict, "torch-pickle", devices=sorted(locations, key=_device_order),
+        state_dict, "torch-pickle", devices=sorted(locations, key=device_sort_key),
         nested_key=nested_key,
     )
 
@@ -142,8 +143,3 @@ def _find_state_dict(obj: Any, path: Path) -> tuple[dict[str, Any], str | None]:
 
 def _has_tensors(mapping: Mapping[Any, Any]) -> bool:
     return any(isinstance(value, torch.Tensor) for value in mapping.values())
-
-
-def _device_order(device: str) -> tuple[str, int]:
-    kind, _, index = device.partition(":")
-    return (kind, int(index) if index.isdigit() else -1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -309,25 +310,17 @@ def _version(record: VersionRecord) -> ModelVersion:
                         list(record.aliases), metadata)
 
 
-def _nbytes(spec: Mapping[str, Any]) -> int:
-    numel = 1
-    for n in spec["shape"]:
-        numel *= n
-    return numel * torch.empty((), dtype=getattr(torch, spec["dtype"])).element_size()
+def _nbytes(spec: Mapping[str, Any], dtype: torch.dtype | None = None) -> int:
+    """Bytes of a manifest tensor spec, stored or (with ``dtype``) once cast."""
+    stored: torch.dtype = getattr(torch, spec["dtype"])
+    target = dtype if dtype is not None and stored.is_floating_point else stored
+    return math.prod(spec["shape"]) * target.itemsize
 
 
 def _bytes_needed(manifest: dict[str, Any], requested: torch.dtype | None) -> int:
     if requested is None:
         return int(manifest["source"]["size_bytes"])
-    total = 0
-    for spec in manifest["tensors"].values():
-        stored = getattr(torch, spec["dtype"])
-        size = _nbytes(spec)
-        if stored.is_floating_point:
-            size = size // torch.empty((), dtype=stored).element_size() * \
-                torch.empty((), dtype=requested).element_size()
-        total += size
-    return total
+    return sum(_nbytes(spec, requested) for spec in manifest["tensors"].values())
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

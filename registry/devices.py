@@ -68,6 +68,12 @@ def _available_ram() -> int | None:
         return None
 
 
+def device_sort_key(device: str) -> tuple[str, int]:
+    """Order device names as people list them: ``cpu``, ``cuda:0``, ``cuda:1``, ..., ``cuda:10``."""
+    kind, _, index = device.partition(":")
+    return (kind, int(index) if index.isdigit() else -1)
+
+
 def resolve_device(request: DeviceRequest, model_bytes: int, facts: TorchFacts) -> torch.device:
     """Turn a device request into a concrete device that exists here; never substitute another."""
     if isinstance(request, str) and request == "auto":

@@ -166,28 +166,10 @@ class ForbiddenError(RegistryError, PermissionError):
     exit_code = 11
 
 
-ERRORS_BY_CODE: dict[str, type[RegistryError]] = {
-    cls.code: cls
-    for cls in (
-        RegistryError,
-        RefError,
-        SettingsError,
-        NotFoundError,
-        VersionExistsError,
-        CheckpointError,
-        UnsafeCheckpointError,
-        NormalizationError,
-        ArchitectureUnknownError,
-        UntrustedFactoryError,
-        StateDictMismatchError,
-        DeviceUnavailableError,
-        DtypeError,
-        DigestMismatchError,
-        StoreUnavailableError,
-        CatalogUnavailableError,
-        SchemaOutOfDateError,
-        MlflowUnavailableError,
-        UnauthorizedError,
-        ForbiddenError,
-    )
-}
+def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:
+    return [root, *(cls for sub in root.__subclasses__() for cls in _tree(sub))]
+
+
+# Every class above, by its code: a new error class is sendable by the server without a second
+# list to keep in step.
+ERRORS_BY_CODE: dict[str, type[RegistryError]] = {cls.code: cls for cls in _tree(RegistryError)}

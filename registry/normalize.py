@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .checkpoints import read_checkpoint
+from .devices import device_sort_key
 from .errors import NormalizationError
 
 # Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
@@ -119,7 +120,7 @@ def normalize(
         name = dtype_name(t.dtype)
         dtypes[name] = dtypes.get(name, 0) + 1
     source.update(
-        devices=sorted(devices, key=_device_sort_key),
+        devices=sorted(devices, key=device_sort_key),
         dtypes=dict(sorted(dtypes.items())),
         wrapping=wrapping,
         precision=precision if precision is not None else _infer_precision(kept.values()),
@@ -332,8 +333,3 @@ def _infer_precision(tensors: Iterable[torch.Tensor]) -> str:
     if len(floats) == 1:
         return floats.pop()
     return "mixed"
-
-
-def _device_sort_key(device: str) -> tuple[str, int]:
-    kind, _, index = device.partition(":")
-    return (kind, int(index) if index.isdigit() else -1)
