@@ -168,12 +168,13 @@ class Registry:
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
+        ref_text = f"{record.name}:v{record.version}"
         module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, str(_version(record)))
+                                  self.settings.trusted_factories, ref_text)
         tied = dict(manifest["source"].get("tied", {}))
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
-        mat.check_fits(module, stored_shapes, str(_version(record)))
+        mat.check_fits(module, stored_shapes, ref_text)
         policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
         placement, units = self._placement(manifest, module, device, device_map, max_memory,
                                            requested, facts)
@@ -181,7 +182,7 @@ class Registry:
         mat.fill_module(module, state, tied, placement)
         if units is not None and len(set(units.values())) > 1:
             mat.add_device_alignment(module, units)
-        module.registry_ref = str(_version(record))  # type: ignore[assignment]
+        module.registry_ref = ref_text  # type: ignore[assignment]
         return module
 
     def pull_state_dict(
