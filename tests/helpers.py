@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -83,6 +84,11 @@ def storage_location(tag: str) -> Iterator[None]:
         yield
     finally:
         torch.serialization.location_tag = original  # type: ignore[assignment]
+
+
+# What torch.load(weights_only=True) raises for a CUDA-tagged file on a machine without CUDA:
+# a RuntimeError since torch 2.5, an UnpicklingError carrying the same message before.
+CUDA_LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError)
 
 
 def save_as_if_on(obj: object, path: Path, tag: str) -> Path:

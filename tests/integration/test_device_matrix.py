@@ -13,6 +13,7 @@ from torch import nn
 
 from registry import DeviceUnavailableError, Registry, UnsafeCheckpointError
 from tests.helpers import (
+    CUDA_LOAD_ERRORS,
     MLP,
     Encoder,
     TiedLM,
@@ -27,7 +28,7 @@ def test_gpu_checkpoint_fails_with_torch_and_pulls_with_the_registry(
         reg: Registry, tmp_path: Path) -> None:
     model = trained_mlp()
     path = save_as_if_on(model.state_dict(), tmp_path / "trained_on_gpu.pth", "cuda:0")
-    with pytest.raises(RuntimeError, match="Attempting to deserialize object on a CUDA device"):
+    with pytest.raises(CUDA_LOAD_ERRORS, match="Attempting to deserialize object on a CUDA device"):
         torch.load(path, weights_only=True)
 
     mv = reg.push(path, "mlp", factory=MLP)

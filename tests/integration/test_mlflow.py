@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 import registry
 from registry.errors import MlflowUnavailableError
-from registry.mirror_mlflow import sync
+from registry.mirror_mlflow import _create_aligned, sync
 from tests.helpers import clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
     Service,
@@ -54,7 +55,8 @@ def _aliases(mlflow: Service, name: str) -> dict[str, str]:
     response = _get(mlflow, "registered-models/get", name=name)
     if response.status_code != 200:
         return {}
-    return {a["alias"]: a["version"] for a in response.json()["registered_model"]
+    # MLflow has answered alias versions as strings and, since 3.18, as integers: compare text.
+    return {a["alias"]: str(a["version"]) for a in response.json()["registered_model"]
             .get("aliases", [])}
 
 
@@ -249,3 +251,37 @@ def test_registry_ui_syncs_then_serves_mlflow(tmp_path: Path) -> None:
         assert mv is not None and mv["tag_map"]["registry.ref"] == "ui-model:v1"
     finally:
         stop_group(service)
+
+
+# -- version numbers as any MLflow release types them ---------------------------------------
+
+@dataclass
+class _Version:
+    version: Any
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class _NumberingClient:
+    """Stands in for MlflowClient's numbering only: MLflow <= 3.17 answers version numbers as
+    strings, 3.18 as integers. Created versions count up and deletions never free a number."""
+
+    def __init__(self, as_type: type) -> None:
+        self.as_type = as_type
+        self.next = 1
+        self.deleted: list[Any] = []
+
+    def create_model_version(self, name: str, **_: Any) -> _Version:
+        created = _Version(self.as_type(self.next))
+        self.next += 1
+        return created
+
+    def delete_model_version(self, name: str, version: Any) -> None:
+        self.deleted.append(version)
+
+
+@pytest.mark.parametrize("as_type", [str, int], ids=["mlflow<=3.17", "mlflow>=3.18"])
+def test_placeholders_fill_gaps_whatever_type_versions_have(as_type: type) -> None:
+    client = _NumberingClient(as_type)
+    created = _create_aligned(client, "m", 3, "s3://b/k", {"registry.ref": "m:v3"}, "")
+    assert int(created.version) == 3
+    assert [int(v) for v in client.deleted] == [1, 2]
