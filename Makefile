@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-oldest-torch lint bench clean
 
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,21 @@ demo: $(BASE_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The unit tests against the oldest torch pyproject.toml admits ("torch>=X" -> torch==X), in a
+# venv of their own, so the declared floor is proven rather than hoped for (CI runs this too).
+OLDEST_VENV ?= .venv-oldest-torch
+TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+OLDEST_STAMP := $(OLDEST_VENV)/.installed-torch-$(TORCH_FLOOR)
+$(OLDEST_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(TORCH_FLOOR)" -e '.[test]'
+	touch $(OLDEST_STAMP)
+
+test-oldest-torch: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -c "import torch; print('unit tests on torch', torch.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest tests/unit
+
 lint: $(STAMP)
 	$(PY) -m ruff check registry server migrations tests benchmarks examples
 	$(PY) -m mypy
@@ -39,4 +54,4 @@ bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .demo .pytest_cache .mypy_cache .ruff_cache
