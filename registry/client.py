@@ -31,7 +31,7 @@ from .refs import (
     validate_tags,
     validate_version,
 )
-from .serialize import sha256_file, write_safetensors
+from .serialize import write_safetensors
 from .settings import Settings
 from .store import ObjectStore
 
@@ -120,9 +120,7 @@ class Registry:
         staging = self._backend.staging_dir()
         blob = staging / f"push-{uuid.uuid4().hex}.safetensors"
         try:
-            write_safetensors(weights.tensors, blob)
-            digest = sha256_file(blob)
-            size = blob.stat().st_size
+            digest, size = write_safetensors(weights.tensors, blob)
             tensors = {
                 key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                 for key, t in weights.tensors.items()

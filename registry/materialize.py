@@ -25,6 +25,7 @@ from .errors import (
     StateDictMismatchError,
     UntrustedFactoryError,
 )
+from .serialize import ALIGNMENT
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
@@ -70,7 +71,13 @@ def load_tensors(
             tensor = fh.get_tensor(key)
             device = placement(key)
             dtype = policy(key, tensor.dtype, device)
-            out[key] = tensor.to(device=device, dtype=dtype)
+            moved = tensor.to(device=device, dtype=dtype)
+            if moved is tensor and tensor.data_ptr() % ALIGNMENT:
+                # Still in the file's map at an unaligned address (an odd-sized tensor stored
+                # after the aligned ones, or a file written by another tool): copy it into
+                # fresh memory, which is aligned, so kernels behave as on the pushed module.
+                moved = tensor.clone()
+            out[key] = moved
     for alias, kept in tied.items():
         out[alias] = out[kept]
     return out

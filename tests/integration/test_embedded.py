@@ -313,9 +313,30 @@ def test_torchvision_factory_is_trusted_by_default(reg: Registry) -> None:
     model = tv.resnet18(num_classes=10).eval()
     reg.push(model, "resnet18", factory="torchvision.models:resnet18",
              factory_kwargs={"num_classes": 10})
-    pulled = reg.pull("resnet18")
-    x = torch.randn(1, 3, 32, 32)
-    assert torch.equal(pulled(x), model(x))
+    pulled = reg.pull("resnet18", device="cpu")
+    _assert_aligned_and_identical(pulled, model, torch.randn(2, 3, 32, 32))
+
+
+def test_small_vit_pulls_aligned_and_computes_identically(reg: Registry) -> None:
+    tv = pytest.importorskip("torchvision.models")
+    kwargs = {"image_size": 32, "patch_size": 8, "num_layers": 2, "num_heads": 2,
+              "hidden_dim": 64, "mlp_dim": 128, "num_classes": 10}
+    torch.manual_seed(0)
+    model = tv.VisionTransformer(**kwargs).eval()
+    reg.push(model, "vit", factory=tv.VisionTransformer, factory_kwargs=kwargs)
+    pulled = reg.pull("vit", device="cpu")
+    _assert_aligned_and_identical(pulled, model, torch.randn(2, 3, 32, 32))
+
+
+def _assert_aligned_and_identical(pulled: torch.nn.Module, model: torch.nn.Module,
+                                  x: torch.Tensor) -> None:
+    """The pull's guarantee on the CPU: the weights are the pushed bits, every one of them at a
+    64-byte aligned address (memory-mapped or copied), so the outputs are the same bits too."""
+    assert_same_state(pulled.state_dict(), model.state_dict())
+    for name, tensor in (*pulled.named_parameters(), *pulled.named_buffers()):
+        assert tensor.data_ptr() % 64 == 0, f"{name} is not 64-byte aligned"
+    with torch.no_grad():
+        assert torch.equal(pulled(x), model(x))
 
 
 def test_state_dict_mismatch_names_keys_and_cause(reg: Registry) -> None:
