@@ -414,7 +414,7 @@ def _store_transfer_config(reg: registry.Registry) -> Any:
 
 def _s3_note(reg: registry.Registry, ref: str, download: float, pull: float) -> str:
     """Split a cold S3 pull into download, hash and load, to say where the gap is."""
-    from registry.serialize import sha256_file
+    from registry.digests import sha256_file
 
     _clear_cache(reg)
     start = time.perf_counter()

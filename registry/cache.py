@@ -21,8 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
-from .serialize import sha256_file
 
 
 def _identity(path: Path) -> list[int]:
@@ -38,7 +38,7 @@ class VerifiedFiles:
 
     def _memo(self, path: Path, digest: str) -> Path:
         tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-        return self.root / f"{digest.partition(':')[2]}-{tag}"
+        return self.root / f"{hexdigest(digest)}-{tag}"
 
     def is_verified(self, path: Path, digest: str) -> bool:
         memo = self._memo(path, digest)
@@ -83,8 +83,8 @@ class BlobCache:
         self.verified = VerifiedFiles(root / "verified")
 
     def path(self, digest: str) -> Path:
-        algorithm, _, hexdigest = digest.partition(":")
-        return self.root / "blobs" / algorithm / hexdigest
+        # The digest may come from a server's answer: it becomes a path only once it is checked.
+        return self.root / "blobs" / "sha256" / hexdigest(digest)
 
     def tmp_dir(self) -> Path:
         path = self.root / "tmp"
@@ -105,7 +105,7 @@ class BlobCache:
             except DigestMismatchError:
                 _remove(target)  # a corrupt cache entry is discarded and fetched again
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.tmp_dir(), prefix=f"{digest.partition(':')[2][:16]}-")
+        fd, name = tempfile.mkstemp(dir=self.tmp_dir(), prefix=f"{hexdigest(digest)[:16]}-")
         os.close(fd)
         tmp = Path(name)
         try:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .digests import hexdigest
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -49,9 +50,8 @@ class ModelVersion:
 
 
 def blob_key(digest: str) -> str:
-    """Store key of a blob: ``blobs/sha256/<hex>``."""
-    algorithm, _, hexdigest = digest.partition(":")
-    return f"blobs/{algorithm}/{hexdigest}"
+    """Store key of a blob: ``blobs/sha256/<hex>`` (the digest is checked first)."""
+    return f"blobs/sha256/{hexdigest(digest)}"
 
 
 def manifest_key(name: str, version: int) -> str:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .digests import PATTERN as DIGEST_PATTERN
 from .errors import RefError
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"
@@ -23,7 +24,7 @@ _NAME_RE = re.compile(NAME_PATTERN)
 _ALIAS_RE = re.compile(ALIAS_PATTERN)
 _RESERVED_ALIAS_RE = re.compile(r"latest|v\d+")
 _VERSION_RE = re.compile(r"v?([1-9][0-9]*)")
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST_RE = re.compile(DIGEST_PATTERN)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ The files are ordinary safetensors: ``safe_open`` and ``load_file`` read them.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import struct
@@ -29,10 +28,10 @@ from collections.abc import Mapping
 
 import torch
 
+from .digests import HashingWriter
 from .errors import NormalizationError
 
 ALIGNMENT = 64
-_CHUNK = 8 * 1024 * 1024
 
 # torch dtype -> safetensors dtype code, for every dtype both torch and safetensors know.
 DTYPE_CODES: dict[torch.dtype, str] = {
@@ -85,34 +84,13 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLi
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % ALIGNMENT)
-    sha = hashlib.sha256()
     with open(path, "wb", buffering=0) as fh:
-        for chunk in (struct.pack("<Q", len(raw)), raw):
-            sha.update(chunk)
-            _write_all(fh, memoryview(chunk))
+        out = HashingWriter(fh)
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
         for key in order:
             tensor = tensors[key]
             size = nbytes(tensor)
-            if size == 0:
-                continue
-            view = memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
-            sha.update(view)
-            _write_all(fh, view)
-    return f"sha256:{sha.hexdigest()}", 8 + len(raw) + offset
-
-
-def _write_all(fh: object, view: memoryview) -> None:
-    written = 0
-    while written < len(view):
-        written += fh.write(view[written:])  # type: ignore[attr-defined]
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """``"sha256:<hex>"`` of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while n := fh.readinto(buf):
-            digest.update(view[:n])
-    return f"sha256:{digest.hexdigest()}"
+            if size:
+                out.write(memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())))
+    return out.digest(), out.written

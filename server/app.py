@@ -16,7 +16,6 @@ lacks it), the client uploads, then ``POST /models/{name}/pushes/{n}/commit`` se
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import manifest as mf
 from registry.backends import LocalBackend
+from registry.digests import HashingWriter, check_digest
 from registry.errors import (
     CatalogUnavailableError,
     CheckpointError,
@@ -228,7 +228,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
-        digest = _digest(name, body.digest)
+        digest = check_digest(body.digest)
         number, missing = local.begin_push(name, claim, digest, body.size)
         upload = _upload_target(local, digest) if missing else None
         log.info("push %s:v%d begun by %s", name, number, caller)
@@ -239,7 +239,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
                         "content": {"application/octet-stream": {"schema": {
                             "type": "string", "format": "binary"}}}}})
     async def upload_blob(digest: str, request: Request, _caller: str = write) -> dict[str, Any]:
-        digest = _digest(None, digest)
+        digest = check_digest(digest)
         return await _receive_blob(local, digest, request)
 
     @app.post("/api/v1/models/{name}/pushes/{version}/commit", tags=["push"])
@@ -271,7 +271,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     @app.get("/api/v1/blobs/{digest}/link", tags=["blobs"])
     def blob_link(digest: str, _caller: str = read) -> dict[str, Any]:
-        digest = _digest(None, digest)
+        digest = check_digest(digest)
         size = _stored_size(local, digest)
         presign = _presigner(local)
         if presign is not None:
@@ -281,7 +281,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     @app.api_route("/api/v1/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
                    response_class=FileResponse)
     def download_blob(digest: str, _caller: str = read) -> Response:
-        digest = _digest(None, digest)
+        digest = check_digest(digest)
         size = _stored_size(local, digest)
         presign = _presigner(local)
         if presign is not None:
@@ -342,15 +342,6 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
 # -- helpers ---------------------------------------------------------------------------------
 
-def _digest(name: str | None, digest: str) -> str:
-    """Validate a digest with the ref parser (``name@sha256:<hex>``), the one place that knows."""
-    ref = parse(f"{name or 'blob'}@{digest}")
-    if ref.digest is None:
-        raise RefError(f"invalid digest {digest!r}: expected 'sha256:' followed by 64 "
-                       "lowercase hex digits")
-    return ref.digest
-
-
 def _stored_size(local: LocalBackend, digest: str) -> int:
     size = local.store.has(mf.blob_key(digest))
     if size is None:
@@ -379,16 +370,14 @@ async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> d
     fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
     tmp = Path(name)
     try:
-        hasher = hashlib.sha256()
-        size = 0
         with os.fdopen(fd, "wb") as fh:
+            out = HashingWriter(fh)
             async for chunk in request.stream():
-                hasher.update(chunk)
-                fh.write(chunk)
-                size += len(chunk)
-                if size > MAX_BLOB_BYTES:
+                out.write(chunk)
+                if out.written > MAX_BLOB_BYTES:
                     raise RefError(f"upload of {digest} exceeds {MAX_BLOB_BYTES} bytes")
-        actual = f"sha256:{hasher.hexdigest()}"
+        size = out.written
+        actual = out.digest()
         if actual != digest:
             raise DigestMismatchError(f"uploaded bytes hash to {actual}, not {digest}; nothing "
                                       "was stored: upload the file the digest was computed on")

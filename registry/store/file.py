@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, StoreUnavailableError
 from . import Progress
 
@@ -93,14 +93,13 @@ class FileStore:
         source = self._path(key)
         if not source.exists():
             raise NotFoundError(f"object {key!r} not found in store {self.url}")
-        sha = hashlib.sha256()
         with open(source, "rb") as src, open(path, "wb") as dst:
+            out = HashingWriter(dst)
             while chunk := src.read(8 * 1024 * 1024):
-                sha.update(chunk)
-                dst.write(chunk)
+                out.write(chunk)
                 if progress:
                     progress(len(chunk))
-        return f"sha256:{sha.hexdigest()}"
+        return out.digest()
 
     def open_local(self, key: str) -> Path | None:
         path = self._path(key)

@@ -16,7 +16,6 @@ endpoint, bucket and key, never credentials.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import threading
@@ -26,6 +25,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from .._progress import transfer
+from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from . import Progress
 
@@ -345,24 +345,6 @@ class S3Store:
 
 class _Missing(Exception):
     """Internal: a key that is not there, for ``has``."""
-
-
-class HashingWriter:
-    """A write-only, non-seekable file that hashes everything written through it."""
-
-    def __init__(self, fh: Any) -> None:
-        self._fh = fh
-        self._sha = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._sha.update(data)
-        return int(self._fh.write(data))
-
-    def seekable(self) -> bool:
-        return False
-
-    def digest(self) -> str:
-        return f"sha256:{self._sha.hexdigest()}"
 
 
 def _code(exc: Any) -> str:
