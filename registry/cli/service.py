@@ -1,7 +1,6 @@
 """Commands for running a registry service: ``serve``, ``token``, ``mlflow sync`` and ``ui``.
 
-They register onto the ``registry`` group of :mod:`registry.cli`; heavy imports (uvicorn,
-fastapi, mlflow) happen inside the commands.
+Heavy imports (uvicorn, fastapi, mlflow) happen inside the commands.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from typing import Any
 
 import click
 
-from .cli import _registry, cli
-from .errors import SettingsError
+from ..errors import SettingsError
+from ._context import open_registry
 
 # A mirror must fail fast when MLflow is down: versions stay pending and a later sync catches
 # up, so MLflow's default minutes of retries would only stall the caller.
@@ -28,7 +27,7 @@ def _fast_fail_mlflow() -> None:
         os.environ.setdefault(key, value)
 
 
-@cli.command()
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
@@ -42,7 +41,7 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
     from server.app import create_app
     from server.auth import AuthPolicy, default_auth_file
 
-    from .settings import Settings
+    from ..settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
@@ -63,7 +62,7 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
-@cli.group()
+@click.group()
 def token() -> None:
     """Bearer tokens for the server (stored as hashes in the auth file)."""
 
@@ -98,7 +97,7 @@ def token_revoke(name: str, auth_file: Path | None) -> None:
     click.echo(f"revoked token {name!r} in {path}")
 
 
-@cli.group()
+@click.group()
 def mlflow() -> None:
     """Browse the registry in MLflow's Model Registry UI."""
 
@@ -116,28 +115,28 @@ def mlflow_sync(ctx: click.Context, full: bool) -> None:
 
 
 def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
-    from .remote import RemoteBackend
+    from ..remote import RemoteBackend
 
     _fast_fail_mlflow()
-    backend = _registry(ctx).backend
+    backend = open_registry(ctx).backend
     if isinstance(backend, RemoteBackend):
         return backend.mlflow_sync(full=full)
-    from .mirror_mlflow import sync, tracking_uri_for
+    from ..mirror_mlflow import sync, tracking_uri_for
 
-    reg = _registry(ctx)
+    reg = open_registry(ctx)
     return sync(backend, tracking_uri_for(reg.settings, os.environ), full=full).to_dict()
 
 
-@cli.command()
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
 @click.pass_context
 def ui(ctx: click.Context, host: str, port: int) -> None:
     """Sync the embedded registry into $REGISTRY_HOME/mlflow.db, then serve the MLflow UI on it."""
-    from .mirror_mlflow import tracking_uri_for
-    from .remote import RemoteBackend
+    from ..mirror_mlflow import tracking_uri_for
+    from ..remote import RemoteBackend
 
-    reg = _registry(ctx)
+    reg = open_registry(ctx)
     if isinstance(reg.backend, RemoteBackend):
         raise SettingsError("`registry ui` browses the embedded registry; for a server, open "
                             "the MLflow UI of the server's MLFLOW_TRACKING_URI")
@@ -154,3 +153,6 @@ def ui(ctx: click.Context, host: str, port: int) -> None:
         sys.exit(subprocess.call(command))
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+COMMANDS = [serve, token, mlflow, ui]
