@@ -23,37 +23,19 @@ from .backends import GcReport
 from .cache import BlobCache
 from .catalog.records import VersionRecord
 from .errors import (
-    ERRORS_BY_CODE,
     CatalogUnavailableError,
     RegistryError,
     SettingsError,
     StoreUnavailableError,
 )
 from .refs import Ref
+from .wire import API, error_class, record_from_wire
 
 if TYPE_CHECKING:
     import httpx
 
-API = "/api/v1"
 _CHUNK = 1024 * 1024
 _DOWNLOAD_ATTEMPTS = 3
-
-
-def error_class(code: str) -> type[RegistryError]:
-    return ERRORS_BY_CODE.get(code) or RegistryError
-
-
-def record_to_wire(record: VersionRecord) -> dict[str, Any]:
-    """The JSON form of a VersionRecord on the wire (server side)."""
-    return {"name": record.name, "version": record.version, "digest": record.digest,
-            "size_bytes": record.size_bytes, "manifest": record.manifest,
-            "tags": record.tags, "aliases": record.aliases}
-
-
-def record_from_wire(data: dict[str, Any]) -> VersionRecord:
-    return VersionRecord(name=data["name"], version=int(data["version"]), digest=data["digest"],
-                         size_bytes=int(data["size_bytes"]), manifest=dict(data["manifest"]),
-                         tags=dict(data["tags"]), aliases=list(data["aliases"]))
 
 
 class RemoteBackend:

@@ -36,18 +36,12 @@ from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.digests import HashingWriter, check_digest
 from registry.errors import (
-    CatalogUnavailableError,
     CheckpointError,
     DigestMismatchError,
-    ForbiddenError,
     NotFoundError,
     RefError,
     RegistryError,
-    SchemaOutOfDateError,
     SettingsError,
-    StoreUnavailableError,
-    UnauthorizedError,
-    VersionExistsError,
 )
 from registry.refs import (
     parse,
@@ -57,8 +51,9 @@ from registry.refs import (
     validate_tags,
     validate_version,
 )
-from registry.remote import record_to_wire
 from registry.settings import Settings
+from registry.store import Presigning
+from registry.wire import API, error_body, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
 
@@ -66,29 +61,6 @@ log = logging.getLogger("registry.server")
 
 MAX_BLOB_BYTES = 2**50
 _bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
-_STATUS: list[tuple[type[RegistryError], int]] = [
-    (UnauthorizedError, 401),
-    (ForbiddenError, 403),
-    (NotFoundError, 404),
-    (VersionExistsError, 409),
-    (DigestMismatchError, 422),
-    (StoreUnavailableError, 503),
-    (CatalogUnavailableError, 503),
-    (SchemaOutOfDateError, 503),
-]
-
-
-def status_for(exc: RegistryError) -> int:
-    for cls, status in _STATUS:
-        if isinstance(exc, cls):
-            return status
-    return 400
-
-
-def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
-
-
 # -- request bodies --------------------------------------------------------------------------
 
 class PushBegin(BaseModel):
@@ -124,18 +96,17 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     """
     settings = settings or Settings.from_env()
     if auth is None:
-        raw = os.environ.get("REGISTRY_AUTH_FILE")
-        if raw and not Path(raw).exists():
-            raise SettingsError(f"REGISTRY_AUTH_FILE {raw} does not exist; create it with "
+        named = settings.auth_file if settings.auth_file_named else None
+        if named is not None and not named.exists():
+            raise SettingsError(f"REGISTRY_AUTH_FILE {named} does not exist; create it with "
                                 "`registry token create NAME --scopes admin`")
-        auth = AuthPolicy.for_server("127.0.0.1", auth_file=Path(raw) if raw else None,
-                                     allow_anonymous=False)
+        auth = AuthPolicy.for_server("127.0.0.1", auth_file=named, allow_anonymous=False)
     policy = auth
     local = backend or LocalBackend.from_settings(settings)
-    if mirror is None and os.environ.get("MLFLOW_TRACKING_URI"):
+    if mirror is None and settings.mlflow_tracking_uri:
         from registry.mirror_mlflow import MirrorWorker
 
-        mirror = MirrorWorker(local, os.environ["MLFLOW_TRACKING_URI"])
+        mirror = MirrorWorker(local, settings.mlflow_tracking_uri)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -203,20 +174,20 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     # -- reads ----------------------------------------------------------------------------
 
-    @app.get("/api/v1/models", tags=["models"])
+    @app.get(API + "/models", tags=["models"])
     def list_models(_caller: str = read) -> dict[str, list[str]]:
         return {"models": local.list_models()}
 
-    @app.get("/api/v1/models/{name}/versions", tags=["models"])
+    @app.get(API + "/models/{name}/versions", tags=["models"])
     def list_versions(name: str, _caller: str = read) -> dict[str, Any]:
         return {"versions": [record_to_wire(r) for r in local.list_versions(validate_name(name))]}
 
-    @app.get("/api/v1/models/{name}/versions/{version}", tags=["models"])
+    @app.get(API + "/models/{name}/versions/{version}", tags=["models"])
     def show_version(name: str, version: str, _caller: str = read) -> dict[str, Any]:
         ref = parse(f"{validate_name(name)}:v{validate_version(version)}")
         return record_to_wire(local.resolve(ref))
 
-    @app.get("/api/v1/resolve", tags=["models"])
+    @app.get(API + "/resolve", tags=["models"])
     def resolve(ref: Annotated[str, Query(description="name, name:vN, name@alias, "
                                                       "name@sha256:<hex>")],
                 _caller: str = read) -> dict[str, Any]:
@@ -224,7 +195,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     # -- push -----------------------------------------------------------------------------
 
-    @app.post("/api/v1/models/{name}/pushes", tags=["push"])
+    @app.post(API + "/models/{name}/pushes", tags=["push"])
     def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
@@ -234,7 +205,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         log.info("push %s:v%d begun by %s", name, number, caller)
         return {"version": number, "upload": upload}
 
-    @app.put("/api/v1/blobs/{digest}", tags=["blobs"], status_code=201, openapi_extra={
+    @app.put(API + "/blobs/{digest}", tags=["blobs"], status_code=201, openapi_extra={
         "requestBody": {"required": True,
                         "content": {"application/octet-stream": {"schema": {
                             "type": "string", "format": "binary"}}}}})
@@ -242,7 +213,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         digest = check_digest(digest)
         return await _receive_blob(local, digest, request)
 
-    @app.post("/api/v1/models/{name}/pushes/{version}/commit", tags=["push"])
+    @app.post(API + "/models/{name}/pushes/{version}/commit", tags=["push"])
     def commit_push(name: str, version: str, body: PushCommit,
                     caller: str = write) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
@@ -259,7 +230,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         changed()
         return record_to_wire(record)
 
-    @app.delete("/api/v1/models/{name}/pushes/{version}", tags=["push"], status_code=204)
+    @app.delete(API + "/models/{name}/pushes/{version}", tags=["push"], status_code=204)
     def abort_push(name: str, version: str, _caller: str = write) -> Response:
         name, number = validate_name(name), validate_version(version)
         if local.catalog.reservation(name, number) is None:
@@ -269,16 +240,16 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     # -- blobs ----------------------------------------------------------------------------
 
-    @app.get("/api/v1/blobs/{digest}/link", tags=["blobs"])
+    @app.get(API + "/blobs/{digest}/link", tags=["blobs"])
     def blob_link(digest: str, _caller: str = read) -> dict[str, Any]:
         digest = check_digest(digest)
         size = _stored_size(local, digest)
         presign = _presigner(local)
         if presign is not None:
             return {"url": presign(mf.blob_key(digest), "GET"), "direct": True, "size": size}
-        return {"url": f"/api/v1/blobs/{digest}", "direct": False, "size": size}
+        return {"url": f"{API}/blobs/{digest}", "direct": False, "size": size}
 
-    @app.api_route("/api/v1/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
+    @app.api_route(API + "/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
                    response_class=FileResponse)
     def download_blob(digest: str, _caller: str = read) -> Response:
         digest = check_digest(digest)
@@ -293,7 +264,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     # -- changes --------------------------------------------------------------------------
 
-    @app.put("/api/v1/models/{name}/aliases/{alias}", tags=["aliases"])
+    @app.put(API + "/models/{name}/aliases/{alias}", tags=["aliases"])
     def set_alias(name: str, alias: str, body: AliasTarget,
                   _caller: str = write) -> dict[str, Any]:
         record = local.set_alias(validate_name(name), validate_alias(alias),
@@ -301,13 +272,13 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         changed()
         return record_to_wire(record)
 
-    @app.delete("/api/v1/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
+    @app.delete(API + "/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
     def delete_alias(name: str, alias: str, _caller: str = write) -> Response:
         local.delete_alias(validate_name(name), validate_alias(alias))
         changed()
         return Response(status_code=204)
 
-    @app.patch("/api/v1/models/{name}/versions/{version}/tags", tags=["models"])
+    @app.patch(API + "/models/{name}/versions/{version}/tags", tags=["models"])
     def set_tags(name: str, version: str, body: TagChanges,
                  _caller: str = write) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
@@ -315,7 +286,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         changed()
         return record_to_wire(record)
 
-    @app.delete("/api/v1/models/{name}/versions/{version}", tags=["models"])
+    @app.delete(API + "/models/{name}/versions/{version}", tags=["models"])
     def delete_version(name: str, version: str, caller: str = write) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
         record = local.delete_version(name, number)
@@ -323,18 +294,18 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         changed()
         return record_to_wire(record)
 
-    @app.post("/api/v1/gc", tags=["admin"])
+    @app.post(API + "/gc", tags=["admin"])
     def gc(caller: str = admin) -> dict[str, Any]:
         report = local.gc()
         log.info("gc by %s deleted %d blobs", caller, len(report.deleted))
         return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
                 "kept": report.kept, "stale_pushes": report.stale_pushes}
 
-    @app.post("/api/v1/mlflow/sync", tags=["admin"])
+    @app.post(API + "/mlflow/sync", tags=["admin"])
     def mlflow_sync(full: bool = False, _caller: str = admin) -> dict[str, Any]:
         from registry.mirror_mlflow import sync, tracking_uri_for
 
-        report = sync(local, tracking_uri_for(settings, os.environ), full=full)
+        report = sync(local, tracking_uri_for(settings), full=full)
         return report.to_dict()
 
     return app
@@ -350,9 +321,8 @@ def _stored_size(local: LocalBackend, digest: str) -> int:
 
 
 def _presigner(local: LocalBackend) -> Callable[[str, str], str] | None:
-    """A store's optional ``presign(key, method)``; stores that have one serve bytes directly."""
-    presign = getattr(local.store, "presign", None)
-    return presign if callable(presign) else None
+    """A store's ``presign(key, method)`` when it has one; such stores serve bytes directly."""
+    return local.store.presign if isinstance(local.store, Presigning) else None
 
 
 def _upload_target(local: LocalBackend, digest: str) -> dict[str, Any]:
@@ -360,7 +330,7 @@ def _upload_target(local: LocalBackend, digest: str) -> dict[str, Any]:
     if presign is not None:
         return {"url": presign(mf.blob_key(digest), "PUT"), "method": "PUT", "direct": True,
                 "headers": {"Content-Type": "application/octet-stream"}}
-    return {"url": f"/api/v1/blobs/{digest}", "method": "PUT", "direct": False,
+    return {"url": f"{API}/blobs/{digest}", "method": "PUT", "direct": False,
             "headers": {"Content-Type": "application/octet-stream"}}
 
 

@@ -1,0 +1,90 @@
+"""The module-level verbs: ``registry.push(...)`` and friends, each the same call on the default
+:class:`Registry` that the environment describes when it is called.
+
+Their signatures are the facade's, kept equal by tests/unit/test_exported_members.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+from .backends import GcReport
+from .client import ModelInput, Registry
+from .devices import DeviceRequest, DtypeRequest
+from .manifest import ModelVersion
+from .materialize import DeviceMap, ModelSpec
+from .refs import Ref
+from .settings import Settings
+
+_defaults: dict[Settings, Registry] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_registry() -> Registry:
+    """The registry the environment describes right now (one per distinct configuration)."""
+    settings = Settings.from_env()
+    with _defaults_lock:
+        reg = _defaults.get(settings)
+        if reg is None:
+            reg = _defaults[settings] = Registry()
+        return reg
+
+
+def push(model: ModelInput, name: str, *, tags: Mapping[str, str] | None = None,
+         aliases: Iterable[str] = (), factory: str | Any = None,
+         factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
+         keep_in_fp32: Iterable[str] = ()) -> ModelVersion:
+    """Store ``model`` as a new version of ``name``; see :meth:`Registry.push`."""
+    return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
+                                   factory_kwargs=factory_kwargs, precision=precision,
+                                   keep_in_fp32=keep_in_fp32)
+
+
+def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
+         model: ModelSpec = None, device_map: DeviceMap = None,
+         max_memory: Mapping[str, int | str] | None = None) -> nn.Module:
+    """Materialize ``ref`` as a module; see :meth:`Registry.pull`."""
+    return default_registry().pull(ref, device=device, dtype=dtype, model=model,
+                                   device_map=device_map, max_memory=max_memory)
+
+
+def pull_state_dict(ref: str | Ref, *, device: DeviceRequest = "auto",
+                    dtype: DtypeRequest = "auto") -> dict[str, Any]:
+    """The weights of ``ref``; see :meth:`Registry.pull_state_dict`."""
+    return default_registry().pull_state_dict(ref, device=device, dtype=dtype)
+
+
+def show(ref: str | Ref) -> ModelVersion:
+    return default_registry().show(ref)
+
+
+def list_models() -> list[str]:
+    return default_registry().list_models()
+
+
+def list_versions(name: str) -> list[ModelVersion]:
+    return default_registry().list_versions(name)
+
+
+def set_alias(name: str, alias: str, version: int | str) -> ModelVersion:
+    return default_registry().set_alias(name, alias, version)
+
+
+def delete_alias(name: str, alias: str) -> None:
+    default_registry().delete_alias(name, alias)
+
+
+def set_tags(ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
+    return default_registry().set_tags(ref, tags)
+
+
+def delete_version(ref: str | Ref) -> ModelVersion:
+    return default_registry().delete_version(ref)
+
+
+def gc() -> GcReport:
+    return default_registry().gc()
