@@ -22,7 +22,7 @@ from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, NotFoundError
 from .refs import Ref
 from .settings import Settings
-from .store import ObjectStore, open_store
+from .store import ObjectStore, Staging, open_store
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -104,8 +104,9 @@ class LocalBackend:
 
     def staging_dir(self) -> Path:
         """Where a push serializes, chosen so that handing the file to the store is a rename."""
-        staging = getattr(self.store, "staging_dir", None)
-        return staging if isinstance(staging, Path) else self.cache.tmp_dir()
+        if isinstance(self.store, Staging):
+            return self.store.staging_dir
+        return self.cache.tmp_dir()
 
     # -- push -----------------------------------------------------------------------------
 

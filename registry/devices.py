@@ -7,13 +7,13 @@ the whole device and dtype policy is tested without a GPU.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DeviceUnavailableError, DtypeError
+from .errors import DeviceUnavailableError, DtypeError, SettingsError
+from .settings import parse_size
 
 DeviceRequest = str | int | torch.device
 DtypeRequest = str | torch.dtype
@@ -203,20 +203,15 @@ def check_dtype_runs(dtype: torch.dtype, device: torch.device) -> None:
 
 # -- device maps ------------------------------------------------------------------------------
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.I)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_memory(value: int | str) -> int:
     """``"10GiB"``, ``"512MB"`` or an int -> bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)):
-        return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
-    raise DeviceUnavailableError(
-        f"invalid memory size {value!r} in max_memory: use bytes or a string such as '10GiB'"
-    )
+    try:
+        return parse_size(value, "max_memory")
+    except SettingsError:
+        raise DeviceUnavailableError(
+            f"invalid memory size {str(value)[:40]!r} in max_memory: use bytes or a string such "
+            "as '10GiB'"
+        ) from None
 
 
 def plan_device_map(

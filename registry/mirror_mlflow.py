@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,13 +58,11 @@ class SyncReport:
         return asdict(self)
 
 
-def tracking_uri_for(settings: Settings, environ: Mapping[str, str]) -> str:
+def tracking_uri_for(settings: Settings) -> str:
     """``MLFLOW_TRACKING_URI``, else ``sqlite:///$REGISTRY_HOME/mlflow.db`` (own database)."""
-    uri = environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    settings.home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{settings.home / 'mlflow.db'}"
+    if not settings.mlflow_tracking_uri:
+        settings.home.mkdir(parents=True, exist_ok=True)
+    return settings.mlflow_uri
 
 
 def fingerprint(record: VersionRecord, tracking_uri: str) -> str:

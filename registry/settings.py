@@ -10,6 +10,12 @@
 | REGISTRY_AUTO_MIGRATE       | true for SQLite catalogs, else false  |
 | REGISTRY_S3_ENDPOINT_URL    | AWS_ENDPOINT_URL_S3, else AWS's own   |
 | REGISTRY_URI, REGISTRY_TOKEN| unset: the embedded registry          |
+| REGISTRY_AUTH_FILE          | $REGISTRY_HOME/auth.json              |
+| REGISTRY_SHARD_SIZE         | 1GiB                                  |
+| MLFLOW_TRACKING_URI         | unset (sync: $REGISTRY_HOME/mlflow.db)|
+| AWS_MAX_ATTEMPTS            | 4 (the S3 store's retry bound)        |
+
+Every environment variable the registry reads is read here, and only here.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from .errors import SettingsError
 
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
+DEFAULT_SHARD_SIZE = 2**30
 _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
 _TRUE = {"1", "true", "yes", "on"}
@@ -42,6 +49,25 @@ class Settings:
     s3_endpoint_url: str | None = None
     uri: str | None = None
     token: str | None = None
+    auth_file: Path | None = None
+    # Whether someone named the auth file (REGISTRY_AUTH_FILE): a named file must exist.
+    auth_file_named: bool = False
+    mlflow_tracking_uri: str | None = None
+    shard_size: int = DEFAULT_SHARD_SIZE
+    s3_max_attempts: int | None = None
+
+    @property
+    def auth_path(self) -> Path:
+        """The server's token file: REGISTRY_AUTH_FILE, else ``$REGISTRY_HOME/auth.json``."""
+        return self.auth_file if self.auth_file is not None else self.home / "auth.json"
+
+    @property
+    def mlflow_uri(self) -> str:
+        """Where MLflow mirroring goes: MLFLOW_TRACKING_URI, else a SQLite database of its own
+        in the registry home (MLflow's tables must not share the catalog's database)."""
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{self.home / 'mlflow.db'}"
 
     @classmethod
     def from_env(
@@ -76,6 +102,9 @@ class Settings:
         cache_raw = env.get("REGISTRY_CACHE_DIR")
         cache_dir = _path(cache_raw, "REGISTRY_CACHE_DIR") if cache_raw else home_path / "cache"
         auto_default = catalog_url.startswith("sqlite")
+        auth_raw = env.get("REGISTRY_AUTH_FILE") or None
+        shard_raw = env.get("REGISTRY_SHARD_SIZE") or None
+        attempts_raw = env.get("AWS_MAX_ATTEMPTS") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -88,6 +117,13 @@ class Settings:
             or None,
             uri=env.get("REGISTRY_URI") or None,
             token=env.get("REGISTRY_TOKEN") or None,
+            auth_file=Path(auth_raw).expanduser().absolute() if auth_raw else None,
+            auth_file_named=auth_raw is not None,
+            mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
+            shard_size=parse_size(shard_raw, "REGISTRY_SHARD_SIZE", minimum=1)
+            if shard_raw else DEFAULT_SHARD_SIZE,
+            s3_max_attempts=_positive_int(attempts_raw, "AWS_MAX_ATTEMPTS")
+            if attempts_raw else None,
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -132,6 +168,32 @@ def _bool(raw: str | None, variable: str, default: bool) -> bool:
     if value in _FALSE:
         return False
     raise SettingsError(f"{variable}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
+
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.I)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: int | str, what: str, *, minimum: int = 0) -> int:
+    """``"512MiB"``, ``"1GB"``, ``"1.5GiB"`` or an int -> bytes; :class:`SettingsError` names
+    ``what`` (the variable or option) when the value is not a size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)) and len(value) < 40:
+        size = int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+    else:
+        raise SettingsError(f"{what}={str(value)[:40]!r} is not a size; use bytes or a value "
+                            "such as '512MiB' or '1GiB'")
+    if size < minimum:
+        raise SettingsError(f"{what}={value!r} is below the minimum of {minimum} bytes")
+    return size
+
+
+def _positive_int(raw: str, variable: str) -> int:
+    if raw.strip().isdigit() and int(raw) > 0:
+        return int(raw)
+    raise SettingsError(f"{variable}={raw[:40]!r} is not a positive integer")
 
 
 def redact_url(url: str) -> str:

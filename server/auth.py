@@ -47,12 +47,8 @@ Mode = Literal["tokens", "open", "read-only"]
 
 
 def default_auth_file(environ: dict[str, str] | None = None) -> Path:
-    """``REGISTRY_AUTH_FILE``, else ``$REGISTRY_HOME/auth.json``."""
-    env = os.environ if environ is None else environ
-    raw = env.get("REGISTRY_AUTH_FILE")
-    if raw:
-        return Path(raw).expanduser().absolute()
-    return Settings.from_env(env).home / "auth.json"
+    """``REGISTRY_AUTH_FILE``, else ``$REGISTRY_HOME/auth.json`` (see ``Settings.auth_path``)."""
+    return Settings.from_env(environ).auth_path
 
 
 def parse_scopes(text: str) -> list[Scope]:

@@ -63,15 +63,14 @@ def store() -> None:
 def store_init() -> None:
     """Create the bucket named by REGISTRY_STORE_URL (s3://bucket/prefix), if it is missing."""
     from ..settings import Settings
-    from ..store import open_store
+    from ..store import BucketAdmin, open_store
 
     settings = Settings.from_env()
     target = open_store(settings.store_url, settings)
-    create_bucket = getattr(target, "create_bucket", None)
-    if create_bucket is None:
+    if not isinstance(target, BucketAdmin):
         click.echo(f"store {target.url} is a local directory; it is created on first push")
         return
-    created = create_bucket()
+    created = target.create_bucket()
     click.echo(f"{'created' if created else 'found existing'} bucket for store {target.url}")
 
 

@@ -39,16 +39,16 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
     import uvicorn
 
     from server.app import create_app
-    from server.auth import AuthPolicy, default_auth_file
+    from server.auth import AuthPolicy
 
     from ..settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
-    path = auth_file or default_auth_file()
+    path = auth_file or settings.auth_path
     # Only the implicit default may be absent: a file someone named must exist.
     named = "--auth-file" if auth_file is not None else (
-        "REGISTRY_AUTH_FILE" if os.environ.get("REGISTRY_AUTH_FILE") else None)
+        "REGISTRY_AUTH_FILE" if settings.auth_file_named else None)
     if named is not None and not path.exists():
         raise SettingsError(f"{named} {path} does not exist; create it with "
                             f"`registry token create NAME --scopes admin --auth-file {path}`")
@@ -56,7 +56,7 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
                                    allow_anonymous=allow_anonymous)
     if policy.mode == "tokens":
         logging.getLogger("registry.server").info("tokens from %s", path)
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    if settings.mlflow_tracking_uri:
         _fast_fail_mlflow()
     app = create_app(settings, auth=policy)
     uvicorn.run(app, host=host, port=port, log_level="info")
@@ -75,9 +75,11 @@ def token() -> None:
               help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
 def token_create(name: str, scopes: str, auth_file: Path | None) -> None:
     """Create token NAME; print it once on stdout (only its hash is stored)."""
-    from server.auth import AuthFile, default_auth_file, parse_scopes
+    from server.auth import AuthFile, parse_scopes
 
-    path = auth_file or default_auth_file()
+    from ..settings import Settings
+
+    path = auth_file or Settings.from_env().auth_path
     plain = AuthFile(path).create(name, parse_scopes(scopes))
     click.echo(plain)
     click.echo(f"created token {name!r} ({scopes}) in {path}; it is shown only this once",
@@ -90,9 +92,11 @@ def token_create(name: str, scopes: str, auth_file: Path | None) -> None:
               help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
 def token_revoke(name: str, auth_file: Path | None) -> None:
     """Revoke token NAME (a running server notices the file change)."""
-    from server.auth import AuthFile, default_auth_file
+    from server.auth import AuthFile
 
-    path = auth_file or default_auth_file()
+    from ..settings import Settings
+
+    path = auth_file or Settings.from_env().auth_path
     AuthFile(path).revoke(name)
     click.echo(f"revoked token {name!r} in {path}")
 
@@ -124,7 +128,7 @@ def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
     from ..mirror_mlflow import sync, tracking_uri_for
 
     reg = open_registry(ctx)
-    return sync(backend, tracking_uri_for(reg.settings, os.environ), full=full).to_dict()
+    return sync(backend, tracking_uri_for(reg.settings), full=full).to_dict()
 
 
 @click.command()
@@ -140,7 +144,7 @@ def ui(ctx: click.Context, host: str, port: int) -> None:
     if isinstance(reg.backend, RemoteBackend):
         raise SettingsError("`registry ui` browses the embedded registry; for a server, open "
                             "the MLflow UI of the server's MLFLOW_TRACKING_URI")
-    uri = tracking_uri_for(reg.settings, os.environ)
+    uri = tracking_uri_for(reg.settings)
     if not uri.startswith("sqlite:"):
         raise SettingsError(f"MLFLOW_TRACKING_URI={uri!r} is a server already: open its UI "
                             "directly, or unset it to browse $REGISTRY_HOME/mlflow.db")

@@ -1,6 +1,13 @@
 """Object stores: where blobs and manifests live, addressed by store-relative keys.
 
 Keys look like ``blobs/sha256/<hex>`` and ``manifests/<name>/v3.json``; a store never sees refs.
+Every store implements :class:`ObjectStore`. Abilities only some stores have are declared as
+their own small protocols (as mlflow's artifact repositories declare theirs as mixins) and
+checked with ``isinstance``, never probed with ``getattr``:
+
+- :class:`Staging`: a local directory where a push can write so that storing is a rename (file).
+- :class:`Presigning`: time-limited URLs so clients move bytes without the server (S3).
+- :class:`BucketAdmin`: creating the bucket the store lives in (S3).
 """
 
 from __future__ import annotations
@@ -53,6 +60,28 @@ class ObjectStore(Protocol):
         """A URI naming the object (for humans and for MLflow's ``source``)."""
 
 
+@runtime_checkable
+class Staging(Protocol):
+    """A store on this filesystem: files written under ``staging_dir`` are stored by rename."""
+
+    @property
+    def staging_dir(self) -> Path: ...
+
+
+@runtime_checkable
+class Presigning(Protocol):
+    """A store that can hand out URLs for one object, so bytes bypass the server."""
+
+    def presign(self, key: str, method: str, *, expires_s: int = ...) -> str: ...
+
+
+@runtime_checkable
+class BucketAdmin(Protocol):
+    """A store that lives in a bucket it can create (``registry store init``)."""
+
+    def create_bucket(self) -> bool: ...
+
+
 def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     """The store a URL names: ``file:///path`` or ``s3://bucket/prefix``."""
     if url.startswith("file://"):
@@ -62,7 +91,8 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     if url.startswith("s3://"):
         from .s3 import S3Store
 
-        return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url if settings else None)
+        return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url if settings else None,
+                                max_attempts=settings.s3_max_attempts if settings else None)
     raise SettingsError(f"store URL {url!r} is not supported; use file:///path or s3://bucket/prefix")
 
 

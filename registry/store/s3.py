@@ -49,17 +49,19 @@ class S3Store:
     """Objects under ``s3://bucket/prefix``; the boto3 client is created on first use."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
-                 region: str | None = None) -> None:
+                 region: str | None = None, max_attempts: int | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url or None
         self.region = region
+        self.max_attempts = max_attempts
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self._client: Any = None
         self._lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, endpoint_url: str | None = None) -> S3Store:
+    def from_url(cls, url: str, endpoint_url: str | None = None,
+                 max_attempts: int | None = None) -> S3Store:
         """Parse ``s3://bucket[/prefix]``; ``endpoint_url`` points at MinIO or another service."""
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
@@ -83,7 +85,7 @@ class S3Store:
                     f"S3 endpoint {_redact(endpoint_url)!r} is not an http(s) URL; set "
                     "REGISTRY_S3_ENDPOINT_URL to e.g. http://localhost:9000"
                 )
-        return cls(bucket, prefix, endpoint_url=endpoint_url)
+        return cls(bucket, prefix, endpoint_url=endpoint_url, max_attempts=max_attempts)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint_url={self.where})"
@@ -111,8 +113,8 @@ class S3Store:
             # An explicit endpoint is MinIO or similar: bucket names go in the path, not the host.
             s3={"addressing_style": "path"} if self.endpoint_url else {},
             # Bounded retries with jittered backoff; AWS_MAX_ATTEMPTS, when set, is the bound.
-            retries={"mode": "standard"} if os.environ.get("AWS_MAX_ATTEMPTS")
-            else {"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+            retries={"mode": "standard",
+                     "total_max_attempts": self.max_attempts or MAX_ATTEMPTS},
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=READ_TIMEOUT_S,
             max_pool_connections=CONCURRENCY * 2,
