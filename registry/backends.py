@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -20,12 +20,21 @@ from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, NotFoundError
+from .files import (
+    StagedFile,
+    VersionFile,
+    total_size,
+    unique_by_digest,
+    version_files,
+    weights_digest,
+)
+from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .settings import Settings
-from .store import ObjectStore, Staging, open_store
+from .store import ObjectStore, Presigning, Staging, open_store
 
 if TYPE_CHECKING:
-    from .catalog.repository import Catalog
+    from .catalog.repository import Catalog, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +49,32 @@ class GcReport:
     stale_pushes: int = 0
 
 
+@dataclass(frozen=True)
+class PushResult:
+    """A committed push: the version, and which of its blobs had to be uploaded."""
+
+    record: VersionRecord
+    files: list[VersionFile]
+    uploaded: list[VersionFile]
+
+    def report(self) -> dict[str, int]:
+        """What ``metadata["push"]`` says (the stored manifest never depends on it)."""
+        weights = [f for f in self.files if f.role == "weights"]
+        sent = [f for f in self.uploaded if f.role == "weights"]
+        return {"shards": len(weights), "shards_uploaded": len(sent),
+                "bytes": total_size(weights), "bytes_uploaded": total_size(sent),
+                "files": len(self.files) - len(weights),
+                "files_uploaded": len(self.uploaded) - len(sent)}
+
+
 class Backend(Protocol):
     """What the Registry facade needs; LocalBackend and the server's remote client implement it."""
 
     def staging_dir(self) -> Path: ...
 
-    def push(self, name: str, version: int | None, blob: Path, digest: str, size: int,
+    def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
-             aliases: Iterable[str]) -> VersionRecord: ...
+             aliases: Iterable[str]) -> PushResult: ...
 
     def resolve(self, ref: Ref) -> VersionRecord: ...
 
@@ -110,19 +137,22 @@ class LocalBackend:
 
     # -- push -----------------------------------------------------------------------------
 
-    def begin_push(self, name: str, version: int | None, digest: str,
-                   size: int) -> tuple[int, bool]:
-        """Reserve a version number for a push of blob ``digest``; the version stays invisible.
+    def begin_push(self, name: str, version: int | None,
+                   files: Sequence[VersionFile]) -> tuple[int, list[VersionFile]]:
+        """Reserve a version number for a push of ``files``; the version stays invisible.
 
-        Returns the number and whether the blob still has to be uploaded.
+        Returns the number and the files the store still lacks (one entry per distinct blob).
         """
-        key = mf.blob_key(digest)
+        unique = unique_by_digest(files)
         # Ask the store first: a missing bucket or a dead endpoint then fails the push before it
         # spends a version number. That answer is not trusted for dedup: gc may run in between,
         # and gc keeps only blobs that a reservation or a version references.
-        self.store.has(key)
-        number = self.catalog.reserve(name, version, digest, size)
-        return number, not self._holds(key, digest, size)
+        self.store.has(mf.blob_key(unique[0].digest))
+        number = self.catalog.reserve(name, version, weights_digest(files), total_size(
+            [f for f in files if f.role == "weights"]), files)
+        held = concurrently(lambda f: self._holds(mf.blob_key(f.digest), f.digest, f.size),
+                            unique)
+        return number, [f for f, ok in zip(unique, held, strict=True) if not ok]
 
     def _holds(self, key: str, digest: str, size: int) -> bool:
         """Whether the store has intact bytes for ``digest``; a damaged local copy does not
@@ -138,16 +168,27 @@ class LocalBackend:
             return False
         return True
 
+    def upload(self, staged: StagedFile) -> None:
+        """Store one staged file under its content address (consuming the staged copy)."""
+        key = mf.blob_key(staged.digest)
+        self.store.put_file(key, staged.path, move=True)
+        local = self.store.open_local(key)
+        if local is not None:
+            self.verified.remember(local, staged.digest)  # push hashed these very bytes
+
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
                     tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
         """Write the manifest, then make the reserved version visible with its tags and aliases."""
-        (blob,) = mf.files(manifest)
-        have = self.store.has(mf.blob_key(blob["digest"]))
-        if have != blob["size"]:
-            raise NotFoundError(
-                f"blob {blob['digest']} of {name}:v{number} is not in the store ({have or 0} of "
-                f"{blob['size']} bytes); upload it before committing"
-            )
+        origin = f"{name}:v{number}"
+        mf.validate(manifest, origin=origin)
+        files = version_files(manifest)
+        sizes = concurrently(lambda f: self.store.has(mf.blob_key(f.digest)),
+                             unique_by_digest(files))
+        for f, have in zip(unique_by_digest(files), sizes, strict=True):
+            if have != f.size:
+                raise NotFoundError(
+                    f"{f.role} file {f.name} ({f.digest}) of {origin} is not in the store "
+                    f"({have or 0} of {f.size} bytes); upload it before committing")
         self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
         try:
             record = self.catalog.commit(name, number, manifest, tags, aliases)
@@ -160,6 +201,38 @@ class LocalBackend:
             self._write_aliases(name)
         return record
 
+    def reservation(self, name: str, number: int) -> Reservation:
+        """The push in progress for ``name:vN``; NotFoundError if there is none."""
+        reserved = self.catalog.reservation(name, number)
+        if reserved is None:
+            raise NotFoundError(f"no push of {name}:v{number} is in progress; begin one with "
+                                f"POST /api/v1/models/{name}/pushes")
+        return reserved
+
+    def stored_size(self, digest: str) -> int:
+        """The size of blob ``digest`` in the store; NotFoundError if it is not there."""
+        size = self.store.has(mf.blob_key(digest))
+        if size is None:
+            raise NotFoundError(f"blob {digest} not found in the store")
+        return size
+
+    def blob_url(self, digest: str, method: str) -> str | None:
+        """A presigned URL to GET or PUT blob ``digest`` straight at the store, when the store
+        hands them out (S3); None when bytes must travel through the server."""
+        if isinstance(self.store, Presigning):
+            return self.store.presign(mf.blob_key(digest), method)
+        return None
+
+    def store_verified(self, digest: str, path: Path) -> None:
+        """Store a file whose bytes were just hashed to ``digest`` (a server upload), unless
+        the store already has the blob; the staged file is consumed either way."""
+        key = mf.blob_key(digest)
+        if self.store.has(key) == path.stat().st_size:
+            path.unlink(missing_ok=True)
+            return
+        self.upload(StagedFile(path, VersionFile("weights", "upload", digest,
+                                                 path.stat().st_size)))
+
     def abort_push(self, name: str, number: int) -> None:
         """Drop a reservation; its number stays retired and no manifest is left behind."""
         self.catalog.abort(name, number)
@@ -169,27 +242,25 @@ class LocalBackend:
         self,
         name: str,
         version: int | None,
-        blob: Path,
-        digest: str,
-        size: int,
+        staged: Sequence[StagedFile],
         manifest_for: Callable[[int], dict[str, Any]],
         tags: dict[str, str],
         aliases: Iterable[str],
-    ) -> VersionRecord:
-        """Reserve a number, upload the blob, write the manifest, then make the version visible."""
-        number, missing = self.begin_push(name, version, digest, size)
+    ) -> PushResult:
+        """Reserve a number, upload what the store lacks, write the manifest, then make the
+        version visible."""
+        files = [s.file for s in staged]
+        number, missing = self.begin_push(name, version, files)
         try:
-            if missing:
-                key = mf.blob_key(digest)
-                self.store.put_file(key, blob, move=True)
-                local = self.store.open_local(key)
-                if local is not None:
-                    self.verified.remember(local, digest)  # push hashed these very bytes
-            return self.commit_push(name, number, manifest_for(number), tags, aliases)
+            by_digest = {s.digest: s for s in staged}
+            concurrently(lambda f: self.upload(by_digest[f.digest]), missing,
+                         workers=UPLOAD_CONCURRENCY)
+            record = self.commit_push(name, number, manifest_for(number), tags, aliases)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.abort_push(name, number)
             raise
+        return PushResult(record, files, missing)
 
     # -- pull -----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ checkpoint from a GPU box is read, and its devices recorded, on a machine with n
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -35,11 +36,19 @@ class Checkpoint:
     devices: list[str] = field(default_factory=list)
     nested_key: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    shards: int = 1  # weights files read (a sharded checkpoint directory has several)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Load the weights in ``path`` onto the CPU without executing anything from the file."""
+    """Load the weights in ``path`` onto the CPU without executing anything from the file.
+
+    ``path`` may be a directory: a Hugging Face style sharded checkpoint (shards plus
+    ``model.safetensors.index.json`` or ``pytorch_model.bin.index.json``), or a directory that
+    holds exactly one weights file.
+    """
     path = Path(path)
+    if path.is_dir():
+        return read_checkpoint_dir(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
     kind = _kind(path)
@@ -143,3 +152,77 @@ def _find_state_dict(obj: Any, path: Path) -> tuple[dict[str, Any], str | None]:
 
 def _has_tensors(mapping: Mapping[Any, Any]) -> bool:
     return any(isinstance(value, torch.Tensor) for value in mapping.values())
+
+
+# -- directories ------------------------------------------------------------------------------
+
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+MAX_INDEX_BYTES = 64 * 2**20
+
+
+def weight_files_in(directory: Path) -> list[Path]:
+    """The weights files a checkpoint directory holds (shards named by its index, else the one
+    weights file); other files (config, tokenizer) are not weights."""
+    for index_name in INDEX_FILES:
+        index = directory / index_name
+        if index.is_file():
+            return [directory / name for name in _index_shards(index)]
+    found = sorted(p for p in directory.iterdir() if p.is_file() and (
+        p.suffix.lower() == SAFETENSORS_SUFFIX or p.suffix.lower() in PICKLE_SUFFIXES))
+    safetensors = [p for p in found if p.suffix.lower() == SAFETENSORS_SUFFIX]
+    if len(safetensors) == 1:
+        return safetensors  # a safetensors file beside a .bin copy of it: take the safe one
+    if len(found) == 1:
+        return found
+    if not found:
+        raise CheckpointError(
+            f"directory {str(directory)!r} holds no weights file (*.safetensors, "
+            f"{', '.join('*' + s for s in PICKLE_SUFFIXES)}) and no shard index "
+            f"({' or '.join(INDEX_FILES)}); push the weights file itself")
+    names = ", ".join(p.name for p in found[:6])
+    raise CheckpointError(
+        f"directory {str(directory)!r} holds several weights files ({names}) and no shard index "
+        f"({' or '.join(INDEX_FILES)}) saying how they fit together; push one of them")
+
+
+def read_checkpoint_dir(directory: Path) -> Checkpoint:
+    """The state dict of a checkpoint directory, every shard read as its file type says."""
+    shards = weight_files_in(directory)
+    state: dict[str, Any] = {}
+    devices: set[str] = set()
+    formats: set[str] = set()
+    for shard in shards:
+        if not shard.is_file():
+            raise CheckpointError(f"shard {shard.name!r} listed in the index of "
+                                  f"{str(directory)!r} is missing")
+        part = read_checkpoint(shard)
+        overlap = state.keys() & part.state_dict.keys()
+        if overlap:
+            raise CheckpointError(f"tensor {sorted(overlap)[0]!r} is in two shards of "
+                                  f"{str(directory)!r}; the checkpoint is inconsistent")
+        state.update(part.state_dict)
+        devices.update(part.devices)
+        formats.add(part.format)
+    return Checkpoint(state, "+".join(sorted(formats)),
+                      devices=sorted(devices, key=device_sort_key), shards=len(shards))
+
+
+def _index_shards(index: Path) -> list[str]:
+    """Shard file names from an index's ``weight_map``, in first-use order, checked to be plain
+    names inside the directory (an index is as untrusted as any other input)."""
+    if index.stat().st_size > MAX_INDEX_BYTES:
+        raise CheckpointError(f"shard index {str(index)!r} is larger than {MAX_INDEX_BYTES} bytes")
+    try:
+        data = json.loads(index.read_text())
+        weight_map = data["weight_map"]
+        names = list(dict.fromkeys(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"shard index {str(index)!r} is not a JSON object with a "
+                              "'weight_map' of tensor -> shard file") from None
+    for name in names:
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise CheckpointError(f"shard index {str(index)!r} names {str(name)[:80]!r}, which is "
+                                  "not a file name in its directory")
+    if not names:
+        raise CheckpointError(f"shard index {str(index)!r} lists no shards")
+    return names

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
@@ -18,9 +17,11 @@ from . import manifest as mf
 from . import materialize as mat
 from .backends import Backend, GcReport, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import RefError, SettingsError
+from .errors import DigestMismatchError, RefError, SettingsError
+from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
+from .parallel import as_ready
 from .refs import (
     Ref,
     parse,
@@ -31,9 +32,9 @@ from .refs import (
     validate_tags,
     validate_version,
 )
-from .serialize import write_safetensors
-from .settings import Settings
+from .settings import Settings, parse_size
 from .store import ObjectStore
+from .weights import load_shard, write_shards
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -100,8 +101,14 @@ class Registry:
         factory_kwargs: Mapping[str, Any] | None = None,
         precision: str | None = None,
         keep_in_fp32: Iterable[str] = (),
+        shard_size: int | str | None = None,
     ) -> ModelVersion:
-        """Normalize ``model`` and store it as a new immutable version of ``name``."""
+        """Normalize ``model`` and store it as a new immutable version of ``name``.
+
+        Weights are cut into safetensors shards of about ``shard_size`` (default
+        ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
+        are uploaded, and ``metadata["push"]`` of the returned version says how many were.
+        """
         target, claim = parse_push_target(name)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
@@ -115,12 +122,14 @@ class Registry:
             raise RefError(f"invalid precision {precision!r}: use a label such as 'amp-fp16'")
         prefixes = [keep_in_fp32] if isinstance(keep_in_fp32, str) else list(keep_in_fp32)
 
+        target_size = (self.settings.shard_size if shard_size is None
+                       else parse_size(shard_size, "shard_size", minimum=1))
+
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes)
         architecture = {**weights.architecture, **architecture}
-        staging = self._backend.staging_dir()
-        blob = staging / f"push-{uuid.uuid4().hex}.safetensors"
+        staged = write_shards(weights.tensors, target_size, self._backend.staging_dir())
         try:
-            digest, size = write_safetensors(weights.tensors, blob)
+            files = [s.file for s in staged]
             tensors = {
                 key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                 for key, t in weights.tensors.items()
@@ -133,8 +142,9 @@ class Registry:
                     "name": target,
                     "version": version,
                     "created_at": created_at,
-                    "digest": digest,
-                    "files": [{"digest": digest, "size": size, "format": "safetensors"}],
+                    "digest": weights_digest(files),
+                    "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
+                               "tensors": list(f.tensors)} for f in files],
                     "tensor_count": len(tensors) + len(weights.tied),
                     "tensors": tensors,
                     "extras": weights.extras,
@@ -143,11 +153,12 @@ class Registry:
                     "tags": tag_map,
                 }
 
-            record = self._backend.push(target, claim, blob, digest, size, manifest_for,
-                                        tag_map, alias_list)
+            result = self._backend.push(target, claim, staged, manifest_for, tag_map,
+                                        alias_list)
         finally:
-            blob.unlink(missing_ok=True)
-        return _version(record)
+            for s in staged:
+                s.path.unlink(missing_ok=True)
+        return _version(result.record, push=result.report())
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -162,7 +173,7 @@ class Registry:
         max_memory: Mapping[str, int | str] | None = None,
     ) -> nn.Module:
         """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode."""
-        record = self._backend.resolve(parse(ref))
+        record = _checked(self._backend.resolve(parse(ref)))
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
@@ -191,7 +202,7 @@ class Registry:
         dtype: dev.DtypeRequest = "auto",
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
-        record = self._backend.resolve(parse(ref))
+        record = _checked(self._backend.resolve(parse(ref)))
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
@@ -206,9 +217,20 @@ class Registry:
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
               tied: dict[str, str]) -> dict[str, torch.Tensor]:
-        (blob,) = mf.files(record.manifest)
-        path = self._backend.blob_path(blob["digest"], blob["size"])
-        return mat.load_tensors(path, placement, policy, tied)
+        """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
+        fetched into the verified cache side by side, and each is loaded as soon as it is
+        verified while the others still arrive."""
+        specs = record.manifest["tensors"]
+        origin = f"{record.name}:v{record.version}"
+        out: dict[str, torch.Tensor] = {}
+        for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
+                                    weight_files(record.manifest)):
+            out.update(load_shard(path, {k: specs[k] for k in shard.tensors}, placement,
+                                  policy, origin=origin))
+        out = dict(sorted(out.items()))
+        for alias, kept in tied.items():
+            out[alias] = out[kept]
+        return out
 
     def _placement(
         self,
@@ -303,10 +325,28 @@ class Registry:
 
 # -- helpers ------------------------------------------------------------------------------
 
-def _version(record: VersionRecord) -> ModelVersion:
+def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> ModelVersion:
     metadata = {**record.manifest, "tags": dict(record.tags)}
+    if push is not None:
+        metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                         list(record.aliases), metadata)
+
+
+def _checked(record: VersionRecord) -> VersionRecord:
+    """``record`` once its manifest passed the schema and names the digest the catalog shows:
+    a manifest edited to list other files is refused before a byte is read."""
+    origin = f"{record.name}:v{record.version}"
+    manifest = mf.validate(record.manifest, origin=origin)
+    if manifest["name"] != record.name or manifest["version"] != record.version:
+        raise DigestMismatchError(f"the manifest of {origin} describes {manifest['name']}:v"
+                                  f"{manifest['version']}; it was not used")
+    if manifest["digest"] != record.digest:
+        raise DigestMismatchError(
+            f"{origin} is recorded with digest {record.digest} but its manifest lists files "
+            f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
+            "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
+    return record
 
 
 def _nbytes(spec: Mapping[str, Any], dtype: torch.dtype | None = None) -> int:

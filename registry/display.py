@@ -63,6 +63,16 @@ def _input(source: dict[str, Any]) -> str:
     return kind
 
 
+def push_summary(report: dict[str, int]) -> str:
+    """``uploaded 1 of 14 shards (120.0 MiB of 7.0 GiB)``: what a push sent to the store."""
+    noun = "shard" if report["shards"] == 1 else "shards"
+    line = (f"uploaded {report['shards_uploaded']} of {report['shards']} {noun} "
+            f"({human_bytes(report['bytes_uploaded'])} of {human_bytes(report['bytes'])})")
+    if report.get("files"):
+        line += f", {report['files_uploaded']} of {report['files']} attached files"
+    return line
+
+
 def versions_table(versions: list[ModelVersion]) -> str:
     rows = [("VERSION", "DIGEST", "SIZE", "ALIASES", "TAGS")]
     for mv in versions:

@@ -14,6 +14,7 @@
     ├── DeviceUnavailableError                 a named device that does not exist or cannot hold it
     ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
+    ├── ManifestError (ValueError)             a manifest that fails its schema or its files
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
     ├── MlflowUnavailableError (ConnectionError)
@@ -121,6 +122,14 @@ class DigestMismatchError(RegistryError):
     """Bytes whose sha256 differs from the digest recorded for them; they are never loaded."""
 
     code = "digest_mismatch"
+    exit_code = 8
+
+
+class ManifestError(RegistryError, ValueError):
+    """A manifest (from a store, a catalog row, a server or a request) that fails its schema,
+    or whose files do not hold what it lists; it is never used."""
+
+    code = "invalid_manifest"
     exit_code = 8
 
 

@@ -1,21 +1,37 @@
-"""The manifest (what a version records, as JSON) and the ModelVersion handed to users.
+"""The manifest (what a version records, as JSON), its schema, and the ModelVersion.
 
-A manifest holds everything needed to pull a version without the catalog: the blob digests and
-sizes, every tensor's dtype and shape, tied aliases, extras, keep-in-fp32 prefixes, the
-architecture and where the weights came from. It is written to the store at
-``manifests/<name>/v<N>.json`` and kept in the catalog row.
+A manifest holds everything needed to pull a version without the catalog: its weight shards
+(digest, size, the tensor keys each holds), every tensor's dtype and shape, tied aliases,
+extras, keep-in-fp32 prefixes, attached files, the architecture and where the weights came from.
+It is written to the store at ``manifests/<name>/v<N>.json`` and kept in the catalog row.
+
+Format 2 (written since sharding) lists shards in ``files``::
+
+    {"digest": "sha256:…", "size": 123, "format": "safetensors", "tensors": ["a.weight", …]}
+
+Format 1 had exactly one file and no ``tensors`` list in it; it keeps loading. A manifest's
+``digest`` names its weights: the one shard's digest, or the sha256 of the canonical JSON list
+of its shard digests (:func:`registry.digests.version_digest`).
+
+Everything read back is untrusted: :func:`validate` checks a manifest's schema, bounds, that
+every stored tensor is in exactly one shard, that tied aliases point at stored tensors, and that
+its digest is the one its files give, before it is committed, rebuilt or used.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, NoReturn, TypeGuard
 
-from .digests import hexdigest
-from .errors import CheckpointError
+from .digests import check_digest, hexdigest, version_digest
+from .errors import DigestMismatchError, ManifestError, RefError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -27,7 +43,9 @@ class ModelVersion:
     digest: str
     tags: dict[str, str] = field(default_factory=dict)
     aliases: list[str] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    # What the catalog and manifest say; not part of equality, so the version a push returns
+    # (whose metadata["push"] says what was uploaded) equals the same version shown later.
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     ref: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -35,6 +53,11 @@ class ModelVersion:
 
     def __str__(self) -> str:
         return self.ref
+
+    def __repr__(self) -> str:
+        short = self.digest[:19] + "…" if len(self.digest) > 19 else self.digest
+        return (f"ModelVersion({self.ref!r}, digest={short!r}, aliases={self.aliases!r}, "
+                f"tags={self.tags!r})")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form ``registry show --json`` prints."""
@@ -72,21 +95,188 @@ def dumps(manifest: dict[str, Any]) -> bytes:
 
 
 def loads(data: bytes | str, *, origin: str) -> dict[str, Any]:
-    """Parse a manifest, refusing ones written by a newer format."""
+    """Parse and :func:`validate` a manifest read from a store or sent by a client."""
     try:
         manifest = json.loads(data)
     except ValueError as exc:
-        raise CheckpointError(f"manifest {origin} is not valid JSON: {exc}") from None
-    if not isinstance(manifest, dict) or "format_version" not in manifest:
-        raise CheckpointError(f"{origin} is not a registry manifest (no format_version)")
-    if manifest["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(
-            f"manifest {origin} has format_version {manifest['format_version']}, newer than this "
-            f"registry understands ({FORMAT_VERSION}); upgrade the registry package"
-        )
-    return manifest
+        raise ManifestError(f"manifest {origin} is not valid JSON: {str(exc)[:120]}") from None
+    return validate(manifest, origin=origin)
 
 
-def files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The blobs a version is made of: ``[{"digest", "size", "format"}]``."""
-    return list(manifest["files"])
+# -- the schema -------------------------------------------------------------------------------
+
+MAX_FILES = 100_000
+MAX_TENSORS = 10_000_000
+MAX_NDIM = 32
+MAX_BLOB_BYTES = 2**50
+MAX_KEY_CHARS = 1024
+_SHOWN = 200
+
+
+def validate(manifest: object, *, origin: str) -> dict[str, Any]:
+    """``manifest`` if it is a well-formed manifest whose digest matches its files.
+
+    Raises :class:`ManifestError` naming the first fault (quoting at most ~200 characters of it)
+    and :class:`DigestMismatchError` when the recorded digest is not the one its files give.
+    """
+    from .refs import MAX_VERSION, validate_name
+
+    m = _obj(manifest, "manifest", origin)
+    fmt = m.get("format_version")
+    if not _is_int(fmt) or fmt not in READABLE_FORMATS:
+        if _is_int(fmt) and fmt > FORMAT_VERSION:
+            raise ManifestError(
+                f"manifest {origin} has format_version {fmt}, newer than this registry "
+                f"understands ({FORMAT_VERSION}); upgrade the registry package")
+        raise ManifestError(f"{origin} is not a registry manifest (format_version "
+                            f"{_quote(fmt)}; expected one of {READABLE_FORMATS})")
+    try:
+        validate_name(m.get("name"))
+    except RefError as exc:
+        raise ManifestError(f"manifest {origin}: {exc}") from None
+    version = m.get("version")
+    if not _is_int(version) or not 1 <= version <= MAX_VERSION:
+        _fail(origin, "version", version, f"an integer from 1 to {MAX_VERSION}")
+    created = m.get("created_at")
+    if not isinstance(created, str) or not _is_timestamp(created):
+        _fail(origin, "created_at", created, "an ISO 8601 timestamp")
+    tensors = _obj(m.get("tensors"), "tensors", origin)
+    if len(tensors) > MAX_TENSORS:
+        _fail(origin, "tensors", f"{len(tensors)} entries", f"at most {MAX_TENSORS}")
+    for key, spec in tensors.items():
+        _tensor_spec(key, spec, origin)
+    files = m.get("files")
+    if not isinstance(files, list) or not 1 <= len(files) <= MAX_FILES \
+            or (fmt == 1 and len(files) != 1):
+        _fail(origin, "files", files, "a non-empty list of weight files"
+              + (" (exactly one in format 1)" if fmt == 1 else ""))
+    placed: set[str] = set()
+    for i, entry in enumerate(files):
+        where = f"files[{i}]"
+        entry = _obj(entry, where, origin)
+        _digest(entry.get("digest"), f"{where}.digest", origin)
+        _size(entry.get("size"), f"{where}.size", origin)
+        if entry.get("format") != "safetensors":
+            _fail(origin, f"{where}.format", entry.get("format"), "'safetensors'")
+        if fmt == 1:
+            continue
+        keys = entry.get("tensors")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            _fail(origin, f"{where}.tensors", keys, "a list of tensor keys")
+        for key in keys:
+            if key not in tensors:
+                _fail(origin, f"{where}.tensors", key, "a key listed in 'tensors'")
+            if key in placed:
+                _fail(origin, f"{where}.tensors", key, "a key in exactly one shard")
+            placed.add(key)
+    if fmt != 1 and len(placed) != len(tensors):
+        lost = next(k for k in tensors if k not in placed)
+        _fail(origin, "tensors", lost, "a key that one of the files holds")
+    _source(m.get("source"), tensors, origin)
+    for part in ("extras", "architecture"):
+        _obj(m.get(part, {}), part, origin)
+    tags = _obj(m.get("tags", {}), "tags", origin)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        _fail(origin, "tags", tags, "a dict of str -> str")
+    _attachments(m.get("attachments", []), origin)
+    digest = _digest(m.get("digest"), "digest", origin)
+    actual = version_digest([f["digest"] for f in files])
+    if actual != digest:
+        raise DigestMismatchError(
+            f"manifest {origin} records digest {digest} but its files give {actual}: the "
+            "manifest was tampered with; it was not used. Restore it or push the model again")
+    return m
+
+
+def _source(value: object, tensors: Mapping[str, Any], origin: str) -> None:
+    source = _obj(value, "source", origin)
+    size = source.get("size_bytes")
+    if not _is_int(size) or not 0 <= size <= MAX_BLOB_BYTES * 16:
+        _fail(origin, "source.size_bytes", size, "a byte count")
+    tied = _obj(source.get("tied", {}), "source.tied", origin)
+    for alias, kept in tied.items():
+        if not isinstance(kept, str) or kept not in tensors or alias in tensors:
+            _fail(origin, "source.tied", f"{alias} -> {kept}",
+                  "an alias that is not stored, pointing at a stored tensor")
+    keep = source.get("keep_in_fp32", [])
+    if not isinstance(keep, list) or not all(isinstance(p, str) for p in keep):
+        _fail(origin, "source.keep_in_fp32", keep, "a list of module prefixes")
+
+
+@functools.cache
+def _dtype_names() -> frozenset[str]:
+    from .weights import DTYPE_CODES
+
+    return frozenset(str(d).removeprefix("torch.") for d in DTYPE_CODES)
+
+
+def _tensor_spec(key: object, spec: object, origin: str) -> None:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
+        _fail(origin, "tensors", key, f"a key of 1 to {MAX_KEY_CHARS} characters")
+    spec = _obj(spec, f"tensors[{key!r}]", origin)
+    dtype = spec.get("dtype")
+    if dtype not in _dtype_names():
+        _fail(origin, f"tensors[{key!r}].dtype", dtype, "a dtype safetensors stores")
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM \
+            or not all(_is_int(n) and 0 <= n < 2**50 for n in shape):
+        _fail(origin, f"tensors[{key!r}].shape", shape, "a list of non-negative integers")
+
+
+def _attachments(value: object, origin: str) -> None:
+    from .files import check_file_name
+
+    if not isinstance(value, list) or len(value) > MAX_FILES:
+        _fail(origin, "attachments", value, "a list of files")
+    names: set[str] = set()
+    for i, entry in enumerate(value):
+        entry = _obj(entry, f"attachments[{i}]", origin)
+        try:
+            name = check_file_name(entry.get("name"))
+        except RefError as exc:
+            raise ManifestError(f"manifest {origin}: attachments[{i}]: {exc}") from None
+        if name in names:
+            _fail(origin, f"attachments[{i}].name", name, "a name used once")
+        names.add(name)
+        _digest(entry.get("digest"), f"attachments[{i}].digest", origin)
+        _size(entry.get("size"), f"attachments[{i}].size", origin)
+
+
+def _obj(value: object, what: str, origin: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(origin, what, value, "a JSON object")
+    return value
+
+
+def _digest(value: object, what: str, origin: str) -> str:
+    try:
+        return check_digest(value, what)
+    except RefError as exc:
+        raise ManifestError(f"manifest {origin}: {exc}") from None
+
+
+def _size(value: object, what: str, origin: str) -> None:
+    if not _is_int(value) or not 0 <= value <= MAX_BLOB_BYTES:
+        _fail(origin, what, value, f"a byte count up to {MAX_BLOB_BYTES}")
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_timestamp(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) <= 64
+
+
+def _quote(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+
+
+def _fail(origin: str, what: str, value: object, expected: str) -> NoReturn:
+    raise ManifestError(f"manifest {origin} is invalid: {what} is {_quote(value)}, expected "
+                        f"{expected}; it was not used")

@@ -12,7 +12,6 @@ import contextlib
 import importlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +24,6 @@ from .errors import (
     StateDictMismatchError,
     UntrustedFactoryError,
 )
-from .serialize import ALIGNMENT
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
@@ -52,35 +50,6 @@ class DtypePolicy:
         if self.requested is None:
             return dev.auto_dtype(stored, device, self.facts)
         return self.requested
-
-
-# -- reading tensors --------------------------------------------------------------------------
-
-def load_tensors(
-    path: Path,
-    placement: Callable[[str], torch.device],
-    policy: DtypePolicy,
-    tied: Mapping[str, str],
-) -> dict[str, torch.Tensor]:
-    """Read every tensor of a safetensors file onto its device and dtype; re-add tied aliases."""
-    from safetensors.torch import safe_open
-
-    out: dict[str, torch.Tensor] = {}
-    with safe_open(str(path), framework="pt", device="cpu") as fh:
-        for key in fh.keys():  # noqa: SIM118
-            tensor = fh.get_tensor(key)
-            device = placement(key)
-            dtype = policy(key, tensor.dtype, device)
-            moved = tensor.to(device=device, dtype=dtype)
-            if moved is tensor and tensor.data_ptr() % ALIGNMENT:
-                # Still in the file's map at an unaligned address (an odd-sized tensor stored
-                # after the aligned ones, or a file written by another tool): copy it into
-                # fresh memory, which is aligned, so kernels behave as on the pushed module.
-                moved = tensor.clone()
-            out[key] = moved
-    for alias, kept in tied.items():
-        out[alias] = out[kept]
-    return out
 
 
 # -- building the module ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from . import manifest as mf
 from .catalog.records import VersionRecord
 from .display import human_bytes, version_table
 from .errors import MlflowUnavailableError, NotFoundError, RegistryError
+from .files import weight_files
 from .manifest import ModelVersion
 from .settings import redact_url
 
@@ -99,7 +100,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.unchanged += 1
                 continue
             with _mapped(tracking_uri):
-                _mirror_version(client, record, backend.store.uri(mf.blob_key(record.digest)))
+                _mirror_version(client, record, source_uri(backend, record))
             backend.catalog.set_mirror_state(name, version, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
@@ -111,6 +112,15 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
 
 
 # -- one version ------------------------------------------------------------------------------
+
+def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
+    """What MLflow's ``source`` names: the weights blob of a one-shard version, else the
+    version's manifest (which lists its shards)."""
+    shards = weight_files(record.manifest)
+    if len(shards) == 1:
+        return backend.store.uri(mf.blob_key(shards[0].digest))
+    return backend.store.uri(mf.manifest_key(record.name, record.version))
+
 
 def _mirror_version(client: Any, record: VersionRecord, source: str) -> None:
     name = record.name
@@ -238,6 +248,7 @@ def version_tags(record: VersionRecord, blob_uri: str) -> dict[str, str]:
         "registry.params": str(source.get("params", 0)),
         "registry.size": human_bytes(int(source.get("size_bytes", record.size_bytes))),
         "registry.size_bytes": str(source.get("size_bytes", record.size_bytes)),
+        "registry.shards": str(len(record.manifest.get("files", ()))),
         "registry.blob_uri": blob_uri,
     })
     return tags

@@ -78,8 +78,9 @@ def normalize(
         raw = checkpoint.state_dict
         source["input"] = "checkpoint"
         source["checkpoint"] = {
-            "file": os.path.basename(os.fspath(model)),
+            "file": os.path.basename(os.path.normpath(os.fspath(model))),
             "format": checkpoint.format,
+            **({"shards": checkpoint.shards} if checkpoint.shards > 1 else {}),
             **({"key": checkpoint.nested_key} if checkpoint.nested_key else {}),
         }
         params = None

@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from ._progress import transfer
-from .backends import GcReport
+from .backends import GcReport, PushResult
 from .cache import BlobCache
 from .catalog.records import VersionRecord
+from .digests import check_digest
 from .errors import (
     CatalogUnavailableError,
     RegistryError,
     SettingsError,
     StoreUnavailableError,
 )
+from .files import StagedFile
+from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .wire import API, error_class, record_from_wire
 
@@ -99,16 +102,22 @@ class RemoteBackend:
     def staging_dir(self) -> Path:
         return self.cache.tmp_dir()
 
-    def push(self, name: str, version: int | None, blob: Path, digest: str, size: int,
+    def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
-             aliases: Iterable[str]) -> VersionRecord:
-        """Begin (reserve a number), upload the blob if the server lacks it, then commit."""
+             aliases: Iterable[str]) -> PushResult:
+        """Begin (reserve a number, learn which files the server lacks), upload those side by
+        side, then commit."""
+        files = [s.file for s in staged]
         begun = self._call("POST", f"/models/{_seg(name)}/pushes",
-                           json={"version": version, "digest": digest, "size": size})
+                           json={"version": version, "files": [f.to_row() for f in files]})
         number = int(begun["version"])
+        by_digest = {s.digest: s for s in staged}
         try:
-            if begun.get("upload") is not None:
-                self._upload(begun["upload"], blob, size, digest)
+            uploads = [(target, by_digest[check_digest(target["digest"])])
+                       for target in begun.get("uploads") or []]
+            concurrently(lambda job: self._upload(job[0], job[1].path, job[1].size,
+                                                  job[1].digest),
+                         uploads, workers=UPLOAD_CONCURRENCY)
             record = record_from_wire(self._call(
                 "POST", f"/models/{_seg(name)}/pushes/{number}/commit",
                 json={"manifest": manifest_for(number), "tags": tags,
@@ -117,8 +126,9 @@ class RemoteBackend:
             with contextlib.suppress(Exception):
                 self._call("DELETE", f"/models/{_seg(name)}/pushes/{number}")
             raise
-        self._keep_in_cache(blob, digest)
-        return record
+        for s in staged:
+            self._keep_in_cache(s.path, s.digest)
+        return PushResult(record, files, [s.file for _, s in uploads])
 
     def _upload(self, target: dict[str, Any], blob: Path, size: int, digest: str) -> None:
         import httpx

@@ -16,11 +16,10 @@ lacks it), the client uploads, then ``POST /models/{name}/pushes/{n}/commit`` se
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -34,15 +33,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import manifest as mf
 from registry.backends import LocalBackend
+from registry.catalog.repository import Reservation
 from registry.digests import HashingWriter, check_digest
 from registry.errors import (
-    CheckpointError,
     DigestMismatchError,
-    NotFoundError,
+    ManifestError,
     RefError,
     RegistryError,
     SettingsError,
 )
+from registry.files import ROLES, VersionFile, check_file_name, version_files
 from registry.refs import (
     parse,
     validate_alias,
@@ -52,7 +52,6 @@ from registry.refs import (
     validate_version,
 )
 from registry.settings import Settings
-from registry.store import Presigning
 from registry.wire import API, error_body, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
@@ -63,10 +62,18 @@ MAX_BLOB_BYTES = 2**50
 _bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
 # -- request bodies --------------------------------------------------------------------------
 
+class PushFile(BaseModel):
+    role: str = Field(default="weights", description="'weights' (a safetensors shard) or "
+                                                     "'file' (an attached file).")
+    name: str = Field(description="The file's name within the version.")
+    digest: str = Field(description="sha256:<64 hex> of the file's bytes.")
+    size: int = Field(ge=0, le=MAX_BLOB_BYTES)
+
+
 class PushBegin(BaseModel):
     version: int | None = Field(default=None, description="Claim this number (None: next one).")
-    digest: str = Field(description="sha256:<64 hex> of the safetensors blob.")
-    size: int = Field(ge=0, le=MAX_BLOB_BYTES)
+    files: list[PushFile] = Field(min_length=1, max_length=mf.MAX_FILES,
+                                  description="Every blob the version will own.")
 
 
 class PushCommit(BaseModel):
@@ -199,11 +206,11 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
-        digest = check_digest(body.digest)
-        number, missing = local.begin_push(name, claim, digest, body.size)
-        upload = _upload_target(local, digest) if missing else None
-        log.info("push %s:v%d begun by %s", name, number, caller)
-        return {"version": number, "upload": upload}
+        files = [_version_file(f) for f in body.files]
+        number, missing = local.begin_push(name, claim, files)
+        log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
+                 len(missing), len(files))
+        return {"version": number, "uploads": [_upload_target(local, f) for f in missing]}
 
     @app.put(API + "/blobs/{digest}", tags=["blobs"], status_code=201, openapi_extra={
         "requestBody": {"required": True,
@@ -219,12 +226,8 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         tags = cast(dict[str, str], validate_tags(body.tags))
         aliases = validate_aliases(body.aliases)
-        reserved = local.catalog.reservation(name, number)
-        if reserved is None:
-            raise NotFoundError(f"no push of {name}:v{number} is in progress; begin one with "
-                                f"POST /api/v1/models/{name}/pushes")
-        digest, size = reserved
-        manifest = _checked_manifest(body.manifest, name, number, digest, size, tags)
+        manifest = _checked_manifest(body.manifest, name, number,
+                                     local.reservation(name, number), tags)
         record = local.commit_push(name, number, manifest, tags, aliases)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()
@@ -233,8 +236,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     @app.delete(API + "/models/{name}/pushes/{version}", tags=["push"], status_code=204)
     def abort_push(name: str, version: str, _caller: str = write) -> Response:
         name, number = validate_name(name), validate_version(version)
-        if local.catalog.reservation(name, number) is None:
-            raise NotFoundError(f"no push of {name}:v{number} is in progress")
+        local.reservation(name, number)  # NotFoundError when no such push is in progress
         local.abort_push(name, number)
         return Response(status_code=204)
 
@@ -243,20 +245,20 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     @app.get(API + "/blobs/{digest}/link", tags=["blobs"])
     def blob_link(digest: str, _caller: str = read) -> dict[str, Any]:
         digest = check_digest(digest)
-        size = _stored_size(local, digest)
-        presign = _presigner(local)
-        if presign is not None:
-            return {"url": presign(mf.blob_key(digest), "GET"), "direct": True, "size": size}
+        size = local.stored_size(digest)
+        url = local.blob_url(digest, "GET")
+        if url is not None:
+            return {"url": url, "direct": True, "size": size}
         return {"url": f"{API}/blobs/{digest}", "direct": False, "size": size}
 
     @app.api_route(API + "/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
                    response_class=FileResponse)
     def download_blob(digest: str, _caller: str = read) -> Response:
         digest = check_digest(digest)
-        size = _stored_size(local, digest)
-        presign = _presigner(local)
-        if presign is not None:
-            return RedirectResponse(presign(mf.blob_key(digest), "GET"), status_code=307)
+        size = local.stored_size(digest)
+        url = local.blob_url(digest, "GET")
+        if url is not None:
+            return RedirectResponse(url, status_code=307)
         # blob_path verifies the bytes (memoized) before a single one is served.
         path = local.blob_path(digest, size)
         return FileResponse(path, media_type="application/octet-stream",
@@ -313,30 +315,26 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
 # -- helpers ---------------------------------------------------------------------------------
 
-def _stored_size(local: LocalBackend, digest: str) -> int:
-    size = local.store.has(mf.blob_key(digest))
-    if size is None:
-        raise NotFoundError(f"blob {digest} not found in the store")
-    return size
+def _version_file(f: PushFile) -> VersionFile:
+    """A file of a push request, checked before it reaches the catalog or a store key."""
+    if f.role not in ROLES:
+        raise RefError(f"invalid file role {f.role[:40]!r}: use one of {', '.join(ROLES)}")
+    return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
+                       f.size)
 
 
-def _presigner(local: LocalBackend) -> Callable[[str, str], str] | None:
-    """A store's ``presign(key, method)`` when it has one; such stores serve bytes directly."""
-    return local.store.presign if isinstance(local.store, Presigning) else None
-
-
-def _upload_target(local: LocalBackend, digest: str) -> dict[str, Any]:
-    presign = _presigner(local)
-    if presign is not None:
-        return {"url": presign(mf.blob_key(digest), "PUT"), "method": "PUT", "direct": True,
-                "headers": {"Content-Type": "application/octet-stream"}}
-    return {"url": f"{API}/blobs/{digest}", "method": "PUT", "direct": False,
-            "headers": {"Content-Type": "application/octet-stream"}}
+def _upload_target(local: LocalBackend, f: VersionFile) -> dict[str, Any]:
+    headers = {"Content-Type": "application/octet-stream"}
+    url = local.blob_url(f.digest, "PUT")
+    if url is not None:
+        return {"digest": f.digest, "size": f.size, "url": url, "method": "PUT",
+                "direct": True, "headers": headers}
+    return {"digest": f.digest, "size": f.size, "url": f"{API}/blobs/{f.digest}",
+            "method": "PUT", "direct": False, "headers": headers}
 
 
 async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> dict[str, Any]:
     """Stream the body to a staging file, hashing as it arrives; place it only if it matches."""
-    key = mf.blob_key(digest)
     fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
     tmp = Path(name)
     try:
@@ -351,34 +349,25 @@ async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> d
         if actual != digest:
             raise DigestMismatchError(f"uploaded bytes hash to {actual}, not {digest}; nothing "
                                       "was stored: upload the file the digest was computed on")
-        if local.store.has(key) != size:
-            await run_in_threadpool(local.store.put_file, key, tmp, move=True)
-            placed = local.store.open_local(key)
-            if placed is not None:
-                local.verified.remember(placed, digest)  # hashed just now, on arrival
+        await run_in_threadpool(local.store_verified, digest, tmp)
         return {"digest": digest, "size": size}
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _checked_manifest(manifest: dict[str, Any], name: str, number: int, digest: str,
-                      size: int, tags: dict[str, str]) -> dict[str, Any]:
-    """The client's manifest, refused unless it describes exactly the reserved push."""
-    try:
-        checked = mf.loads(json.dumps(manifest), origin=f"manifest of {name}:v{number}")
-    except TypeError:  # e.g. a format_version that is not a number
-        raise CheckpointError(f"manifest of {name}:v{number} has a malformed format_version; "
-                              "send the manifest the registry client built") from None
-    try:
-        files = mf.files(checked)
-        ok = (checked["name"] == name and checked["version"] == number
-              and checked["digest"] == digest and len(files) == 1
-              and files[0]["digest"] == digest and files[0]["size"] == size
-              and isinstance(checked["tensors"], dict) and isinstance(checked["source"], dict))
-    except (KeyError, TypeError, IndexError):
-        ok = False
-    if not ok:
-        raise CheckpointError(f"manifest of {name}:v{number} does not describe the reserved "
-                              f"push (name, version, digest {digest} and size {size} must match)")
+def _checked_manifest(manifest: dict[str, Any], name: str, number: int,
+                      reserved: Reservation, tags: dict[str, str]) -> dict[str, Any]:
+    """The client's manifest, refused unless it is valid and describes exactly the reserved
+    push: its name, number, weights digest and the very files the reservation lists."""
+    origin = f"{name}:v{number}"
+    checked = mf.validate(manifest, origin=f"manifest of {origin}")
+    listed = sorted((f.role, f.name, f.digest, f.size) for f in version_files(checked))
+    expected = sorted((f.role, f.name, f.digest, f.size) for f in reserved.files)
+    if (checked["name"], checked["version"], checked["digest"]) != (name, number,
+                                                                    reserved.digest) \
+            or listed != expected:
+        raise ManifestError(f"manifest of {origin} does not describe the reserved push (name, "
+                            f"version, digest {reserved.digest} and its {len(expected)} files "
+                            "must match what the push began with)")
     checked["tags"] = tags
     return checked

@@ -127,3 +127,37 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     env["REGISTRY_HOME"] = str(home)
     env.update(extra)
     return env
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attn = nn.Linear(dim, dim)
+        self.mlp = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(torch.relu(self.attn(x)))
+
+
+class BlockLM(nn.Module):
+    """A language-model shape: embedding, numbered blocks, a norm and a head tied to the
+    embedding (so shards cut at ``layers.N`` and a tied pair spans two groups)."""
+
+    def __init__(self, layers: int = 4, dim: int = 32, vocab: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def block_lm(seed: int = 0, **kwargs: int) -> BlockLM:
+    torch.manual_seed(seed)
+    return BlockLM(**kwargs).eval()

@@ -69,3 +69,22 @@ class AliasRow(Base):
     alias: Mapped[str] = mapped_column(String(63), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class VersionFileRow(Base):
+    """One blob a version owns (a weights shard, an attached file): what gc keeps and what a
+    server accepts uploads for, without reading manifests."""
+
+    __tablename__ = "registry_version_files"
+    __table_args__ = (
+        UniqueConstraint("version_id", "role", "name", name="uq_registry_version_files_name"),
+        Index("ix_registry_version_files_digest", "digest"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("registry_versions.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(255))
+    digest: Mapped[str] = mapped_column(String(71))
+    size: Mapped[int] = mapped_column(BigInteger)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -13,9 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import NotFoundError, VersionExistsError
+from ..files import VersionFile, version_files
 from ..refs import Ref
 from .db import ensure_schema, make_engine, mapped_errors
-from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionRow
+from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
 from .records import VersionRecord
 
 _CLAIM_RETRIES = 5
@@ -23,6 +25,15 @@ _CLAIM_RETRIES = 5
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A push in progress: the version's weights digest, total size, and every blob it owns."""
+
+    digest: str
+    size_bytes: int
+    files: list[VersionFile]
 
 
 class Catalog:
@@ -49,8 +60,12 @@ class Catalog:
 
     # -- push -----------------------------------------------------------------------------
 
-    def reserve(self, name: str, version: int | None, digest: str, size_bytes: int) -> int:
-        """Allocate (or claim) a version number in one transaction; the row stays invisible."""
+    def reserve(self, name: str, version: int | None, digest: str, size_bytes: int,
+                files: Sequence[VersionFile]) -> int:
+        """Allocate (or claim) a version number in one transaction; the row stays invisible.
+
+        ``files`` are the blobs the version will own: recorded now, so gc keeps them while the
+        push uploads and a server accepts uploads of exactly these."""
         for attempt in range(_CLAIM_RETRIES):
             try:
                 with self._session() as s:
@@ -65,9 +80,12 @@ class Catalog:
                             raise VersionExistsError(_taken_message(name, number, taken.state,
                                                                     model.last_version))
                     model.last_version = max(model.last_version, number)
-                    s.add(VersionRow(model_id=model.id, version=number, state=PENDING,
+                    row = VersionRow(model_id=model.id, version=number, state=PENDING,
                                      digest=digest, size_bytes=size_bytes, tags="{}",
-                                     created_at=_now()))
+                                     created_at=_now())
+                    s.add(row)
+                    s.flush()
+                    _add_files(s, row.id, files)
                 return number
             except IntegrityError:
                 # Only reachable when the database does not serialize on the model row; the
@@ -207,6 +225,7 @@ class Catalog:
             record = self._record(s, model, row)
             row.state = DELETED
             row.deleted_at = _now()
+            s.execute(delete(VersionFileRow).where(VersionFileRow.version_id == row.id))
             s.execute(delete(AliasRow).where(AliasRow.model_id == model.id,
                                              AliasRow.version == version))
             return record
@@ -214,15 +233,29 @@ class Catalog:
     # -- gc and rebuild -------------------------------------------------------------------
 
     def referenced_digests(self, *, pending_grace: timedelta = timedelta(hours=6)) -> set[str]:
-        """Digests that gc must keep: ready versions, and pushes still in progress."""
+        """Blob digests that gc must keep: every file of a ready version, and of a push still
+        in progress."""
         with self._session() as s:
             cutoff = _now() - pending_grace
-            ready = s.scalars(select(VersionRow.digest).where(VersionRow.state == READY))
-            pending = s.execute(select(VersionRow.digest, VersionRow.created_at).where(
-                VersionRow.state == PENDING)).all()
-            keep = set(ready)
-            keep.update(d for d, created in pending if _aware(created) >= cutoff)
-            return keep
+            rows = s.execute(select(VersionFileRow.digest, VersionRow.state,
+                                    VersionRow.created_at)
+                             .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
+                             .where(VersionRow.state.in_((READY, PENDING)))).all()
+            return {d for d, state, created in rows
+                    if state == READY or _aware(created) >= cutoff}
+
+    def pending_upload(self, digest: str, *, pending_grace: timedelta = timedelta(hours=6)
+                       ) -> int | None:
+        """The size a push in progress declared for blob ``digest``, or None if no push in
+        progress lists it (a server accepts an upload only then)."""
+        with self._session() as s:
+            cutoff = _now() - pending_grace
+            rows = s.execute(select(VersionFileRow.size, VersionRow.created_at)
+                             .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
+                             .where(VersionFileRow.digest == digest,
+                                    VersionRow.state == PENDING)).all()
+            sizes = [int(size) for size, created in rows if _aware(created) >= cutoff]
+            return max(sizes) if sizes else None
 
     def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
         """Forget reservations of pushes that died; their numbers stay retired."""
@@ -240,6 +273,7 @@ class Catalog:
         count = 0
         with self._session() as s:
             s.execute(delete(AliasRow))
+            s.execute(delete(VersionFileRow))
             s.execute(delete(VersionRow))
             s.execute(delete(ModelRow))
             models: dict[str, ModelRow] = {}
@@ -254,12 +288,15 @@ class Catalog:
             for manifest in manifests:
                 model = model_row(manifest["name"])
                 model.last_version = max(model.last_version, manifest["version"])
-                s.add(VersionRow(
+                row = VersionRow(
                     model_id=model.id, version=manifest["version"], state=READY,
                     digest=manifest["digest"], size_bytes=manifest["source"]["size_bytes"],
                     manifest=json.dumps(manifest, sort_keys=True),
                     tags=json.dumps(manifest.get("tags") or {}, sort_keys=True),
-                    created_at=datetime.fromisoformat(manifest["created_at"])))
+                    created_at=datetime.fromisoformat(manifest["created_at"]))
+                s.add(row)
+                s.flush()
+                _add_files(s, row.id, version_files(manifest))
                 count += 1
             s.flush()
             for name, version in retired:
@@ -281,14 +318,20 @@ class Catalog:
                                        updated_at=_now()))
         return count
 
-    def reservation(self, name: str, version: int) -> tuple[str, int] | None:
-        """(digest, size) of a push in progress for ``name:vN``, or None if there is none."""
+    def reservation(self, name: str, version: int) -> Reservation | None:
+        """The push in progress for ``name:vN``, or None if there is none."""
         with self._session() as s:
-            row = s.execute(select(VersionRow.digest, VersionRow.size_bytes)
-                            .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                            .where(ModelRow.name == name, VersionRow.version == version,
-                                   VersionRow.state == PENDING)).first()
-            return None if row is None else (row[0], int(row[1]))
+            row = s.scalar(select(VersionRow)
+                           .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                           .where(ModelRow.name == name, VersionRow.version == version,
+                                  VersionRow.state == PENDING))
+            if row is None:
+                return None
+            files = s.scalars(select(VersionFileRow).where(VersionFileRow.version_id == row.id)
+                              .order_by(VersionFileRow.id)).all()
+            return Reservation(row.digest, int(row.size_bytes),
+                               [VersionFile(f.role, f.name, f.digest, int(f.size))  # type: ignore[arg-type]
+                                for f in files])
 
     # -- MLflow mirror state --------------------------------------------------------------
 
@@ -380,6 +423,12 @@ class Catalog:
             manifest=json.loads(row.manifest) if row.manifest else {},
             tags=json.loads(row.tags), aliases=aliases.get(row.version, []),
         )
+
+
+def _add_files(s: Session, version_id: int, files: Iterable[VersionFile]) -> None:
+    for f in files:
+        s.add(VersionFileRow(version_id=version_id, role=f.role, name=f.name, digest=f.digest,
+                             size=f.size))
 
 
 def _aware(moment: datetime) -> datetime:

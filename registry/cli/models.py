@@ -12,7 +12,7 @@ from ._context import JsonObject, KeyValue, emit_json, open_registry
 
 @click.command()
 @click.argument("name")
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", type=click.Path())
 @click.option("--tag", "tags", type=KeyValue(), multiple=True, help="Tag as KEY=VALUE.")
 @click.option("--alias", "aliases", multiple=True, help="Alias to point at the new version.")
 @click.option("--factory", help="MODULE:CALLABLE that builds the model, for pull.")
@@ -20,15 +20,20 @@ from ._context import JsonObject, KeyValue, emit_json, open_registry
 @click.option("--precision", help="Declared training precision, e.g. amp-fp16.")
 @click.option("--keep-in-fp32", "keep_in_fp32", multiple=True,
               help="Module prefix whose weights always load as float32.")
+@click.option("--shard-size", help="Target shard size, e.g. 512MiB (default REGISTRY_SHARD_SIZE).")
 @click.pass_context
 def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], ...],
          aliases: tuple[str, ...], factory: str | None, factory_kwargs: dict[str, Any] | None,
-         precision: str | None, keep_in_fp32: tuple[str, ...]) -> None:
-    """Push the checkpoint at PATH as a new version of NAME (or NAME:vN to claim N)."""
+         precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None) -> None:
+    """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
+    version of NAME (or NAME:vN to claim N)."""
+    from ..display import push_summary
+
     mv = open_registry(ctx).push(path, name, tags=dict(tags), aliases=aliases, factory=factory,
                              factory_kwargs=factory_kwargs, precision=precision,
-                             keep_in_fp32=keep_in_fp32)
+                             keep_in_fp32=keep_in_fp32, shard_size=shard_size)
     click.echo(f"pushed {mv.ref} {mv.digest}")
+    click.echo(push_summary(mv.metadata["push"]))
 
 
 @click.command()

@@ -198,8 +198,12 @@ def _drop_registry_tables(engine: Any) -> None:
     from sqlalchemy import text
 
     with engine.begin() as conn:
-        conn.execute(text("DROP TABLE IF EXISTS registry_aliases, registry_versions, "
+        conn.execute(text("DROP TABLE IF EXISTS registry_aliases, registry_version_files, "
+                          "registry_versions, "
                           "registry_models, registry_alembic_version CASCADE"))
+
+
+_METHODS = {b"GET", b"PUT", b"POST", b"HEAD", b"DELETE"}
 
 
 class CuttingProxy:
@@ -215,6 +219,7 @@ class CuttingProxy:
         self.keep = keep
         self.cut_next = 0
         self.cuts = 0
+        self.requests: list[bytes] = []  # request lines seen, e.g. b"PUT /bucket/key HTTP/1.1"
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -272,6 +277,8 @@ class CuttingProxy:
         threading.Thread(target=downstream, daemon=True).start()
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if data.split(b" ", 1)[0] in _METHODS:
+                    self.requests.append(data.split(b"\r\n", 1)[0])
                 if self._should_cut(data):
                     state["cut"], state["sent"] = True, 0
                 upstream.sendall(data)

@@ -62,9 +62,9 @@ def test_module_level_api_contract(home: Path) -> None:
 def test_manifest_records_what_the_issue_lists(reg: Registry) -> None:
     mv = reg.push(trained_mlp(), "mlp", factory=MLP, factory_kwargs={"width": 8})
     meta = mv.metadata
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert meta["files"] == [{"digest": mv.digest, "size": meta["files"][0]["size"],
-                              "format": "safetensors"}]
+                              "format": "safetensors", "tensors": sorted(meta["tensors"])}]
     assert meta["tensor_count"] == 9
     assert meta["architecture"] == {"class": "tests.helpers:MLP", "factory": "tests.helpers:MLP",
                                     "factory_kwargs": {"width": 8}}

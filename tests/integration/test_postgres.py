@@ -35,7 +35,7 @@ from .conftest import PostgresServer, _drop_registry_tables, free_port
 
 pytestmark = pytest.mark.postgres
 
-TABLES = {"registry_models", "registry_versions", "registry_aliases"}
+TABLES = {"registry_models", "registry_versions", "registry_aliases", "registry_version_files"}
 
 
 def _tables(url: str) -> set[str]:

@@ -120,16 +120,16 @@ def test_two_phase_push_is_invisible_until_commit(server: Service,
     api = server.url + "/api/v1"
     data = b"not really safetensors, but bytes with a digest"
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    begun = httpx.post(f"{api}/models/{name}/pushes",
-                       json={"digest": digest, "size": len(data)}).json()
+    begun = httpx.post(f"{api}/models/{name}/pushes", json=_one_file(digest, len(data))).json()
     assert begun["version"] == 1
-    assert begun["upload"]["url"] == f"/api/v1/blobs/{digest}"
+    (upload,) = begun["uploads"]
+    assert upload["url"] == f"/api/v1/blobs/{digest}" and upload["digest"] == digest
     assert httpx.get(f"{api}/models").json()["models"].count(name) == 0
     assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
     # A commit before the upload is refused and still nothing is visible.
     early = httpx.post(f"{api}/models/{name}/pushes/1/commit", json={"manifest": {}})
     assert early.status_code in (400, 404)
-    assert httpx.put(server.url + begun["upload"]["url"], content=data).status_code == 201
+    assert httpx.put(server.url + upload["url"], content=data).status_code == 201
     assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
     aborted = httpx.delete(f"{api}/models/{name}/pushes/1")
     assert aborted.status_code == 204
@@ -137,7 +137,7 @@ def test_two_phase_push_is_invisible_until_commit(server: Service,
                       json={"manifest": {}}).json()["error"]["code"] == "not_found"
     # The aborted number is retired: the next push gets v2.
     assert httpx.post(f"{api}/models/{name}/pushes",
-                      json={"digest": digest, "size": len(data)}).json()["version"] == 2
+                      json=_one_file(digest, len(data))).json()["version"] == 2
 
 
 def test_upload_with_wrong_bytes_is_refused(server: Service) -> None:
@@ -239,10 +239,39 @@ def test_commit_refuses_manifests_that_do_not_match_the_reservation(
     data = name.encode()
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     version = httpx.post(f"{api}/models/{name}/pushes",
-                         json={"digest": digest, "size": len(data)}).json()["version"]
+                         json=_one_file(digest, len(data))).json()["version"]
     httpx.put(f"{api}/blobs/{digest}", content=data)
     response = httpx.post(f"{api}/models/{name}/pushes/{version}/commit",
                           json={"manifest": manifest})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["code"] == "invalid_checkpoint"
+    assert response.json()["error"]["code"] == "invalid_manifest"
     assert httpx.get(f"{api}/resolve", params={"ref": name}).status_code == 404
+
+
+def _one_file(digest: str, size: int) -> dict[str, object]:
+    return {"files": [{"role": "weights", "name": "model.safetensors", "digest": digest,
+                       "size": size}]}
+
+
+def test_multi_shard_push_uploads_only_the_shard_the_server_lacks(
+        server: Service, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    from tests.helpers import block_lm
+
+    name = _name(request)[:50].strip("-.")
+    first = registry.Registry(server.url)
+    v1 = first.push(block_lm(), name, shard_size="16KiB")
+    assert (v1.metadata["push"]["shards"], v1.metadata["push"]["shards_uploaded"]) == (5, 5)
+    tuned = block_lm()
+    with torch.no_grad():
+        tuned.layers[-1].mlp.weight.add_(1)
+    # Another client (another cache) pushes the fine-tune: four shards are already there.
+    other = registry.Registry(server.url, home=tmp_path / "other")
+    before = server.output().count("PUT /api/v1/blobs/")
+    v2 = other.push(tuned, name, shard_size="16KiB")
+    assert (v2.metadata["push"]["shards"], v2.metadata["push"]["shards_uploaded"]) == (5, 1)
+    assert server.output().count("PUT /api/v1/blobs/") - before == 1
+    puller = registry.Registry(server.url, home=tmp_path / "puller")
+    assert_same_state(puller.pull_state_dict(f"{name}:v2", device="cpu"), tuned.state_dict())
+    assert len(list((tmp_path / "puller" / "cache" / "blobs" / "sha256").iterdir())) == 5
+    for reg in (first, other, puller):
+        reg.close()

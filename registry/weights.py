@@ -1,0 +1,255 @@
+"""Tensors <-> safetensors shards: the split, the writer and the reader.
+
+**The split** (:func:`plan_shards`) is pure and deterministic: shards are cut in state-dict key
+order, only between module groups (a group is a key's path up to its first numeric component,
+``layers.3``, else its top-level module, ``lm_head``), so an unchanged transformer block is an
+unchanged blob. A model no larger than the target size is one shard. Above it, a shard is closed
+before the next group when that group would overflow the target, or when both the shard and the
+next group hold at least 1/16 of the target: blocks of a large model then become blobs of their
+own, which is what lets a fine-tune that changed its last block re-upload that block alone. Only
+a group larger than the target is split inside, at tensor boundaries.
+
+**The writer** writes safetensors files itself rather than through ``safetensors.save_file``,
+because it needs two things that writer does not offer:
+
+- **Aligned tensors.** Every tensor whose byte size is a multiple of 64 starts at a 64-byte
+  aligned file offset: the header is padded with spaces (as safetensors itself pads to 8), and
+  those tensors come first; the few others (biases of odd widths, int64 counters) follow. Within
+  each group tensors are sorted by name, so the same tensors make the same bytes (and the same
+  digest) whatever order they arrived in: a state dict, a ``.pt`` and a ``.safetensors`` file of
+  one model are one blob. A memory map is page aligned, so the tensors a pull maps are 64-byte
+  aligned in memory too, and CPU kernels (oneDNN) take the same paths as for freshly allocated
+  weights: a pulled module computes exactly what the pushed one did. safetensors forbids holes
+  between tensors, so alignment comes from the order, not from padding.
+- **One pass.** The bytes are hashed as they are written, so a push reads the weights once;
+  shards are written and hashed in parallel threads (file writes and hashlib release the GIL).
+
+The files are ordinary safetensors: ``safe_open`` and ``load_file`` read them.
+
+**The reader** (:func:`load_shard`) maps a verified shard and moves each tensor to its device
+and dtype in one ``Tensor.to``; a tensor already where it belongs is used in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .digests import HashingWriter
+from .errors import ManifestError, NormalizationError
+from .files import StagedFile, VersionFile, shard_name
+
+ALIGNMENT = 64
+
+# torch dtype -> safetensors dtype code, for every dtype both torch and safetensors know.
+DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL", torch.complex64: "C64",
+}
+for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+    if hasattr(torch, _name):
+        DTYPE_CODES[getattr(torch, _name)] = _code
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def file_order(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Keys in file order: tensors whose size keeps the next offset aligned first, then the rest;
+    each group sorted by name."""
+    names = sorted(tensors)
+    return ([k for k in names if nbytes(tensors[k]) % ALIGNMENT == 0]
+            + [k for k in names if nbytes(tensors[k]) % ALIGNMENT != 0])
+
+
+def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
+                      metadata: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """Write ``tensors`` (CPU, contiguous, no shared storage) as one aligned safetensors file.
+
+    Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
+    """
+    if sys.byteorder != "little":
+        raise NormalizationError("safetensors files are little-endian; pushing from a "
+                                 "big-endian machine is not supported")
+    order = file_order(tensors)
+    header: dict[str, object] = {"__metadata__": {"format": "pt", **(metadata or {})}}
+    offset = 0
+    for key in order:
+        tensor = tensors[key]
+        code = DTYPE_CODES.get(tensor.dtype)
+        if code is None:
+            raise NormalizationError(
+                f"tensor {key!r} has dtype {tensor.dtype}, which safetensors cannot store; "
+                "cast it (e.g. .float()) before pushing"
+            )
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError(f"tensor {key!r} must be a contiguous CPU tensor to be written")
+        size = nbytes(tensor)
+        header[key] = {"dtype": code, "shape": list(tensor.shape),
+                       "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % ALIGNMENT)
+    with open(path, "wb", buffering=0) as fh:
+        out = HashingWriter(fh)
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        for key in order:
+            tensor = tensors[key]
+            size = nbytes(tensor)
+            if size:
+                out.write(memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())))
+    return out.digest(), out.written
+
+
+# -- the split --------------------------------------------------------------------------------
+
+# A group at least this fraction of the target starts a shard of its own (see the module doc).
+OWN_SHARD_FRACTION = 16
+
+
+def group_of(key: str) -> str:
+    """The module group a key belongs to: up to its first numeric component, else its
+    top-level module (``model.layers.3.mlp.weight`` -> ``model.layers.3``; ``lm_head.weight``
+    -> ``lm_head``)."""
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0] if len(parts) > 1 else key
+
+
+def plan_shards(sizes: Sequence[tuple[str, int]], target: int) -> list[list[str]]:
+    """Cut ``(key, nbytes)`` pairs, in state-dict order, into shards of keys (module doc)."""
+    if target < 1:
+        raise ValueError(f"shard target must be positive, got {target}")
+    if sum(size for _, size in sizes) <= target:
+        return [[key for key, _ in sizes]] if sizes else []
+    groups: list[tuple[list[str], int]] = []
+    last = None
+    for key, size in sizes:
+        group = group_of(key)
+        if group != last or not groups:
+            groups.append(([], 0))
+            last = group
+        keys, total = groups[-1]
+        keys.append(key)
+        groups[-1] = (keys, total + size)
+    by_key = dict(sizes)
+    floor = max(1, target // OWN_SHARD_FRACTION)
+    shards: list[list[str]] = []
+    current: list[str] = []
+    current_size = 0
+    for keys, size in groups:
+        if size > target:  # only an oversized group is cut inside, at tensor boundaries
+            if current:
+                shards.append(current)
+            current, current_size = [], 0
+            for key in keys:
+                if current and current_size + by_key[key] > target:
+                    shards.append(current)
+                    current, current_size = [], 0
+                current.append(key)
+                current_size += by_key[key]
+            shards.append(current)
+            current, current_size = [], 0
+            continue
+        if current and (current_size + size > target
+                        or (current_size >= floor and size >= floor)):
+            shards.append(current)
+            current, current_size = [], 0
+        current.extend(keys)
+        current_size += size
+    if current:
+        shards.append(current)
+    return shards
+
+
+def write_shards(tensors: Mapping[str, torch.Tensor], target: int,
+                 staging: Path) -> list[StagedFile]:
+    """Split ``tensors`` (in state-dict order) and write each shard into ``staging``, hashing as
+    it writes; several shards are written at once. On failure nothing is left behind."""
+    plan = plan_shards([(k, nbytes(t)) for k, t in tensors.items()], target)
+    if not plan:
+        plan = [[]]  # a model with no tensors still has one (empty) weights file
+    stem = f"push-{uuid.uuid4().hex}"
+    paths = [staging / f"{stem}-{i:05d}.safetensors" for i in range(len(plan))]
+
+    def write(i: int) -> StagedFile:
+        digest, size = write_safetensors({k: tensors[k] for k in plan[i]}, paths[i])
+        return StagedFile(paths[i], VersionFile("weights", shard_name(i, len(plan)), digest, size,
+                                                tuple(sorted(plan[i]))))
+
+    try:
+        if len(plan) == 1:
+            return [write(0)]
+        with ThreadPoolExecutor(max_workers=min(len(plan), os.cpu_count() or 1, 8),
+                                thread_name_prefix="registry-write") as pool:
+            return list(pool.map(write, range(len(plan))))
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
+
+
+# -- the reader -------------------------------------------------------------------------------
+
+DtypeFor = Callable[[str, torch.dtype, torch.device], torch.dtype]
+
+
+def load_shard(
+    path: Path,
+    expected: Mapping[str, Mapping[str, object]],
+    placement: Callable[[str], torch.device],
+    dtype_for: DtypeFor,
+    *,
+    origin: str,
+) -> dict[str, torch.Tensor]:
+    """Every tensor of a verified shard on its device and dtype.
+
+    ``expected`` is the manifest's ``{key: {"dtype", "shape"}}`` for this shard: a file whose
+    tensors differ from what the manifest lists is refused, so a manifest can never make a pull
+    hand back tensors it does not describe.
+    """
+    from safetensors.torch import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt", device="cpu") as fh:
+        keys = list(fh.keys())
+        if set(keys) != set(expected):
+            extra = sorted(set(keys) - set(expected))[:3]
+            missing = sorted(set(expected) - set(keys))[:3]
+            raise ManifestError(
+                f"{origin}: shard {path.name[:16]} holds other tensors than its manifest lists "
+                f"(unlisted {extra}, absent {missing}); the manifest or the store was tampered "
+                "with: push the model again"
+            )
+        for key in keys:
+            tensor = fh.get_tensor(key)
+            spec = expected[key]
+            if str(tensor.dtype).removeprefix("torch.") != spec["dtype"] \
+                    or list(tensor.shape) != list(spec["shape"]):  # type: ignore[call-overload]
+                raise ManifestError(
+                    f"{origin}: tensor {key!r} is stored as {tensor.dtype} {list(tensor.shape)} "
+                    f"but its manifest says {spec['dtype']} {spec['shape']}; push the model again"
+                )
+            device = placement(key)
+            moved = tensor.to(device=device, dtype=dtype_for(key, tensor.dtype, device))
+            if moved is tensor and tensor.data_ptr() % ALIGNMENT:
+                # Still in the file's map at an unaligned address (an odd-sized tensor stored
+                # after the aligned ones, or a file written by another tool): copy it into
+                # fresh memory, which is aligned, so kernels behave as on the pushed module.
+                moved = tensor.clone()
+            out[key] = moved
+    return out
