@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import manifest as mf
+from . import validate
 from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
@@ -283,11 +284,12 @@ class LocalBackend:
 
     # -- reads and changes ----------------------------------------------------------------
 
-    def list_models(self) -> list[str]:
-        return self.catalog.list_models()
+    def list_models(self, *, limit: int | None = None, after: str | None = None) -> list[str]:
+        return self.catalog.list_models(limit=limit, after=after)
 
-    def list_versions(self, name: str) -> list[VersionRecord]:
-        return self.catalog.list_versions(name)
+    def list_versions(self, name: str, *, limit: int | None = None,
+                      after: int | None = None) -> list[VersionRecord]:
+        return self.catalog.list_versions(name, limit=limit, after=after)
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
         record = self.catalog.set_alias(name, alias, version)
@@ -347,21 +349,34 @@ class LocalBackend:
         return GcReport(deleted, freed, kept, stale)
 
     def rebuild(self) -> int:
-        """Rebuild the catalog from the store alone; return the number of versions restored."""
+        """Rebuild the catalog from the store alone; return the number of versions restored.
+
+        Every store object is checked first (``validate``): one the registry cannot have
+        written (a key such as ``manifests/../../evil/v1.json``, malformed JSON, a manifest
+        naming another model, a manifest failing its schema or whose digest its files do not
+        give) refuses the whole rebuild with a typed error that names it, and the catalog is
+        left as it was.
+        """
         manifests: list[dict[str, Any]] = []
-        retired: list[tuple[str, int]] = []
+        retired: set[tuple[str, int]] = set()
         for key in self.store.list("manifests/"):
-            _, name, file = key.split("/", 2)
-            if file.endswith(".json"):
-                manifests.append(mf.loads(self.store.get_bytes(key), origin=key))
-            elif file.endswith(".deleted"):
-                retired.append((name, int(file.removeprefix("v").removesuffix(".deleted"))))
+            name, version, suffix = validate.manifest_key(key)
+            if suffix == ".json":
+                data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
+                manifests.append(validate.stored_manifest(
+                    mf.loads(data, origin=key), name=name, version=version, origin=key))
+            elif suffix == ".deleted":
+                retired.add((name, version))
         aliases: dict[str, dict[str, int]] = {}
         for key in self.store.list("aliases/"):
-            name = key.removeprefix("aliases/").removesuffix(".json")
-            aliases[name] = json.loads(self.store.get_bytes(key))
+            name = validate.aliases_key(key)
+            data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
+            aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
+        # A tombstone is written before its manifest is removed: if both are there, the
+        # deletion happened.
+        manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
-        return self.catalog.restore(manifests, retired, aliases)
+        return self.catalog.restore(manifests, sorted(retired), aliases)
 
 
 def _digest_of(key: str) -> str:

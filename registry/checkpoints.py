@@ -49,12 +49,19 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     path = Path(path)
     if path.is_dir():
         return read_checkpoint_dir(path)
-    if not path.is_file():
+    if not path.is_file():  # follows a symlink: a link to a regular file reads that file
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
-    kind = _kind(path)
-    if kind == "safetensors":
-        return _read_safetensors(path)
-    return _read_pickle(path)
+    try:
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"checkpoint {str(path)!r} is empty (0 bytes): it was not "
+                                  "written completely; save it again")
+        kind = _kind(path)
+        if kind == "safetensors":
+            return _read_safetensors(path)
+        return _read_pickle(path)
+    except OSError as exc:  # unreadable (permissions), or gone while being read
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
 
 
 def _kind(path: Path) -> str:
@@ -110,9 +117,14 @@ def _read_pickle(path: Path) -> Checkpoint:
             "code from the file; it was not executed. "
             "Save model.state_dict() with torch.save, or push the module itself"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001
+        # weights_only unpickling runs no code from the file, so whatever it raises on a
+        # truncated or garbage file (EOFError, IndexError, KeyError, struct.error...) means the
+        # same thing: these bytes are not a checkpoint.
+        lines = str(exc).strip().splitlines()
         raise CheckpointError(
-            f"{str(path)!r} is not a readable torch checkpoint: {str(exc).splitlines()[0]}"
+            f"{str(path)!r} is not a readable torch checkpoint (truncated or not written by "
+            f"torch.save): {lines[0][:200] if lines else type(exc).__name__}"
         ) from None
     state_dict, nested_key = _find_state_dict(obj, path)
     return Checkpoint(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DeviceUnavailableError, DtypeError, SettingsError
+from .errors import DeviceUnavailableError, DtypeError, SettingsError, quoted
 from .settings import parse_size
 
 DeviceRequest = str | int | torch.device
@@ -20,6 +20,10 @@ DtypeRequest = str | torch.dtype
 
 # Headroom kept free on a GPU when "auto" decides whether a model fits (activations, CUDA context).
 AUTO_FIT_FRACTION = 0.9
+# torch keeps a device index in an int8 (c10::DeviceIndex): anything larger names no device, and
+# torch.device() would raise a bare RuntimeError/OverflowError for it.
+_MAX_DEVICE_INDEX = 127
+_MAX_DEVICE_NAME = 32
 
 
 @dataclass(frozen=True)
@@ -125,23 +129,23 @@ def _parse_device(request: DeviceRequest, facts: TorchFacts) -> torch.device:
     if isinstance(request, torch.device):
         return request
     if isinstance(request, int):
-        if request < 0:
-            raise DeviceUnavailableError(f"invalid device index {request}; available: "
+        if not 0 <= request <= _MAX_DEVICE_INDEX:
+            raise DeviceUnavailableError(f"invalid device index {quoted(request)}; available: "
                                          f"{', '.join(facts.available())}")
         return torch.device("cuda", request)
-    if isinstance(request, str):
+    if isinstance(request, str) and len(request) <= _MAX_DEVICE_NAME:
         try:
             return torch.device(request)
-        except (RuntimeError, ValueError):
+        except (RuntimeError, ValueError, OverflowError):
             pass
     raise DeviceUnavailableError(
-        f"invalid device {request!r}: use 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', an int or a "
-        f"torch.device; available here: {', '.join(facts.available())}"
+        f"invalid device {quoted(request, 60)}: use 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', an "
+        f"int or a torch.device; available here: {', '.join(facts.available())}"
     )
 
 
 def _show(request: DeviceRequest) -> str:
-    return repr(str(request)) if not isinstance(request, int) else repr(request)
+    return quoted(str(request), 60) if not isinstance(request, int) else quoted(request, 60)
 
 
 def _gib(n: int) -> str:
@@ -172,8 +176,8 @@ def parse_dtype(request: DtypeRequest) -> torch.dtype | None:
         if name in _DTYPE_ALIASES:
             return _DTYPE_ALIASES[name]
     raise DtypeError(
-        f"invalid dtype {request!r}: use 'auto', 'float32', 'float16', 'bfloat16', 'float64' or a "
-        "torch.dtype"
+        f"invalid dtype {quoted(request, 60)}: use 'auto', 'float32', 'float16', 'bfloat16', "
+        "'float64' or a torch.dtype"
     )
 
 

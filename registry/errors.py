@@ -6,7 +6,8 @@
     ├── NotFoundError (LookupError)            unknown model, version, alias or digest
     ├── VersionExistsError                     an explicit version claim that is taken or retired
     ├── CheckpointError (ValueError)           a file that cannot be read as weights
-    │   └── UnsafeCheckpointError              a pickle that weights_only loading refuses
+    │   ├── UnsafeCheckpointError              a pickle that weights_only loading refuses
+    │   └── ManifestError                      a manifest that fails its schema or its files
     ├── NormalizationError (ValueError)        state that cannot be stored faithfully
     ├── ArchitectureUnknownError               pull() with no factory and no model=
     ├── UntrustedFactoryError                  a recorded factory outside the trusted prefixes
@@ -14,7 +15,6 @@
     ├── DeviceUnavailableError                 a named device that does not exist or cannot hold it
     ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
-    ├── ManifestError (ValueError)             a manifest that fails its schema or its files
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
     ├── MlflowUnavailableError (ConnectionError)
@@ -26,6 +26,8 @@ Each class has a stable ``code`` so a server can send it and a client raise the 
 """
 
 from __future__ import annotations
+
+import reprlib
 
 
 class RegistryError(Exception):
@@ -125,12 +127,11 @@ class DigestMismatchError(RegistryError):
     exit_code = 8
 
 
-class ManifestError(RegistryError, ValueError):
+class ManifestError(CheckpointError):
     """A manifest (from a store, a catalog row, a server or a request) that fails its schema,
     or whose files do not hold what it lists; it is never used."""
 
     code = "invalid_manifest"
-    exit_code = 8
 
 
 class StoreUnavailableError(RegistryError, ConnectionError):
@@ -182,3 +183,25 @@ def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:
 # Every class above, by its code: a new error class is sendable by the server without a second
 # list to keep in step.
 ERRORS_BY_CODE: dict[str, type[RegistryError]] = {cls.code: cls for cls in _tree(RegistryError)}
+
+
+QUOTE_LIMIT = 200
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters.
+
+    A bad value may be a 1 MB tag, an 8 MiB request body or a 5000-digit number: a message names
+    it but never echoes it whole (and ``repr`` of such an int would itself raise ValueError).
+    """
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = shortener.maxlong = limit
+    shortener.maxlevel, shortener.maxdict, shortener.maxlist = 2, 6, 6
+    try:
+        text = shortener.repr(value)
+    except ValueError:  # an int past Python's digit limit
+        text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) \
+            else f"<{type(value).__name__}>"
+    if len(text) > limit + 20:
+        text = f"{text[:limit]}…"
+    return text

@@ -28,7 +28,8 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
 from .digests import check_digest, hexdigest, version_digest
-from .errors import DigestMismatchError, ManifestError, RefError
+from .errors import DigestMismatchError, ManifestError, RefError, quoted
+from .validate import MAX_BLOB_BYTES
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
@@ -97,7 +98,7 @@ def dumps(manifest: dict[str, Any]) -> bytes:
 def loads(data: bytes | str, *, origin: str) -> dict[str, Any]:
     """Parse and :func:`validate` a manifest read from a store or sent by a client."""
     try:
-        manifest = json.loads(data)
+        manifest = json.loads(data, parse_constant=_no_constant)
     except ValueError as exc:
         raise ManifestError(f"manifest {origin} is not valid JSON: {str(exc)[:120]}") from None
     return validate(manifest, origin=origin)
@@ -108,9 +109,7 @@ def loads(data: bytes | str, *, origin: str) -> dict[str, Any]:
 MAX_FILES = 100_000
 MAX_TENSORS = 10_000_000
 MAX_NDIM = 32
-MAX_BLOB_BYTES = 2**50
 MAX_KEY_CHARS = 1024
-_SHOWN = 200
 
 
 def validate(manifest: object, *, origin: str) -> dict[str, Any]:
@@ -129,7 +128,7 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
                 f"manifest {origin} has format_version {fmt}, newer than this registry "
                 f"understands ({FORMAT_VERSION}); upgrade the registry package")
         raise ManifestError(f"{origin} is not a registry manifest (format_version "
-                            f"{_quote(fmt)}; expected one of {READABLE_FORMATS})")
+                            f"{quoted(fmt)}; expected one of {READABLE_FORMATS})")
     try:
         validate_name(m.get("name"))
     except RefError as exc:
@@ -174,7 +173,10 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
         _fail(origin, "tensors", lost, "a key that one of the files holds")
     _source(m.get("source"), tensors, origin)
     for part in ("extras", "architecture"):
-        _obj(m.get(part, {}), part, origin)
+        try:  # plain JSON: no NaN or infinity, which a reader's JSON may not take back
+            json.dumps(_obj(m.get(part, {}), part, origin), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            _fail(origin, part, str(exc), "plain JSON (no NaN or infinity)")
     tags = _obj(m.get("tags", {}), "tags", origin)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")
@@ -242,6 +244,10 @@ def _attachments(value: object, origin: str) -> None:
         _size(entry.get("size"), f"attachments[{i}].size", origin)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _obj(value: object, what: str, origin: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         _fail(origin, what, value, "a JSON object")
@@ -272,11 +278,6 @@ def _is_timestamp(text: str) -> bool:
     return len(text) <= 64
 
 
-def _quote(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
-
-
 def _fail(origin: str, what: str, value: object, expected: str) -> NoReturn:
-    raise ManifestError(f"manifest {origin} is invalid: {what} is {_quote(value)}, expected "
+    raise ManifestError(f"manifest {origin} is invalid: {what} is {quoted(value)}, expected "
                         f"{expected}; it was not used")

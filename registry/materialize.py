@@ -9,7 +9,6 @@ on the right device with the right dtype is not copied at all (the file's memory
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,8 +21,8 @@ from .errors import (
     ArchitectureUnknownError,
     DeviceUnavailableError,
     StateDictMismatchError,
-    UntrustedFactoryError,
 )
+from .factories import resolve_factory
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
@@ -124,26 +123,8 @@ def build_module(
 
 
 def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:
-    module_name, _, attr_path = factory.partition(":")
-    trusted = any(module_name == p or module_name.startswith(p + ".") for p in trusted_prefixes)
-    try:
-        target: Any = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            target = getattr(target, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ArchitectureUnknownError(
-            f"recorded factory {factory!r} cannot be imported here ({exc}); install the package "
-            "that provides it, or pass model= to pull"
-        ) from None
-    if isinstance(target, type) and issubclass(target, nn.Module):
-        return target
-    if trusted:
-        return target  # type: ignore[no-any-return,unused-ignore]
-    raise UntrustedFactoryError(
-        f"recorded factory {factory!r} is not an nn.Module subclass and {module_name!r} is not "
-        f"under a trusted prefix ({', '.join(trusted_prefixes) or 'none'}); add it to "
-        "REGISTRY_TRUSTED_FACTORIES if you trust it, or pass model= to pull"
-    )
+    # The factory rule lives in registry/factories.py: nothing is imported before it passes.
+    return resolve_factory(factory, trusted_prefixes)
 
 
 def _checked_module(built: object, origin: str) -> nn.Module:

@@ -14,11 +14,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .digests import PATTERN as DIGEST_PATTERN
-from .errors import RefError
+from .errors import RefError, quoted
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"
 ALIAS_PATTERN = r"[a-z][a-z0-9_-]{0,62}"
 MAX_VERSION = 2**31 - 1
+# Longer than any valid ref (name 128 + "@" + a 71-character digest): refused before parsing.
+MAX_REF_LENGTH = 256
+# Python refuses int() of a string past 4300 digits with a bare ValueError; no version has more
+# than these, so longer digit strings are refused before they are converted.
+_MAX_VERSION_DIGITS = len(str(MAX_VERSION))
 
 _NAME_RE = re.compile(NAME_PATTERN)
 _ALIAS_RE = re.compile(ALIAS_PATTERN)
@@ -56,8 +61,8 @@ def validate_name(name: object) -> str:
         raise RefError(f"model name must be a string, got {type(name).__name__}")
     if not _NAME_RE.fullmatch(name):
         raise RefError(
-            f"invalid model name {name!r}: use 1-128 characters of lowercase letters, digits, "
-            "'.', '_' or '-', starting with a letter or digit (e.g. 'resnet18')"
+            f"invalid model name {quoted(name)}: use 1-128 characters of lowercase letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit (e.g. 'resnet18')"
         )
     return name
 
@@ -68,13 +73,13 @@ def validate_alias(alias: object) -> str:
         raise RefError(f"alias must be a string, got {type(alias).__name__}")
     if _RESERVED_ALIAS_RE.fullmatch(alias):
         raise RefError(
-            f"alias {alias!r} is reserved: 'latest' and 'v<digits>' already name versions; "
+            f"alias {quoted(alias)} is reserved: 'latest' and 'v<digits>' already name versions; "
             "pick another alias such as 'production'"
         )
     if not _ALIAS_RE.fullmatch(alias):
         raise RefError(
-            f"invalid alias {alias!r}: use 1-63 characters of lowercase letters, digits, '_' or "
-            "'-', starting with a letter (e.g. 'production')"
+            f"invalid alias {quoted(alias)}: use 1-63 characters of lowercase letters, digits, "
+            "'_' or '-', starting with a letter (e.g. 'production')"
         )
     return alias
 
@@ -86,24 +91,32 @@ def validate_version(version: object) -> int:
     if isinstance(version, int):
         number = version
     elif isinstance(version, str) and (m := _VERSION_RE.fullmatch(version)):
-        number = int(m.group(1))
+        digits = m.group(1)
+        number = int(digits) if len(digits) <= _MAX_VERSION_DIGITS else MAX_VERSION + 1
     else:
         raise RefError(
-            f"invalid version {version!r}: use a positive integer such as 3 or 'v3' "
+            f"invalid version {quoted(version)}: use a positive integer such as 3 or 'v3' "
             "(no leading zeros)"
         )
     if not 1 <= number <= MAX_VERSION:
-        raise RefError(f"invalid version {version!r}: versions run from 1 to {MAX_VERSION}")
+        raise RefError(f"invalid version {quoted(version)}: versions run from 1 to "
+                       f"{MAX_VERSION}")
     return number
 
 
 MAX_TAG_KEY = 250
 MAX_TAG_VALUE = 5000
+MAX_TAGS = 1000
+MAX_ALIASES = 100
 
 
 def validate_aliases(aliases: Iterable[str] | str) -> list[str]:
     """A sorted, de-duplicated list of valid aliases (a single string is one alias)."""
+    if not isinstance(aliases, (str, Iterable)) or isinstance(aliases, Mapping):
+        raise RefError(f"aliases must be a list of strings, got {type(aliases).__name__}")
     items = [aliases] if isinstance(aliases, str) else list(aliases)
+    if len(items) > MAX_ALIASES:
+        raise RefError(f"{len(items)} aliases given; at most {MAX_ALIASES} can be set at once")
     return sorted({validate_alias(a) for a in items})
 
 
@@ -114,19 +127,34 @@ def validate_tags(tags: Mapping[str, str | None] | None, *,
         return {}
     if not isinstance(tags, Mapping):
         raise RefError(f"tags must be a dict of str -> str, got {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise RefError(f"{len(tags)} tags given; a version holds at most {MAX_TAGS} tags")
     out: dict[str, str | None] = {}
     for key, value in tags.items():
-        if not isinstance(key, str) or not key or len(key) > MAX_TAG_KEY or key != key.strip():
-            raise RefError(f"invalid tag key {key!r}: use a non-empty string of at most "
+        if not isinstance(key, str) or not key or len(key) > MAX_TAG_KEY or key != key.strip() \
+                or not _plain_text(key):
+            raise RefError(f"invalid tag key {quoted(key)}: use a non-empty string of at most "
                            f"{MAX_TAG_KEY} characters without surrounding spaces")
         if value is None and removals:
             out[key] = None
             continue
-        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE:
-            raise RefError(f"invalid value for tag {key!r}: {value!r}; tag values are strings "
-                           f"of at most {MAX_TAG_VALUE} characters (use str(...))")
+        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE or not _plain_text(value):
+            raise RefError(f"invalid value for tag {key!r}: {quoted(value)}; tag values are "
+                           f"strings of at most {MAX_TAG_VALUE} characters (use str(...))")
         out[key] = value
     return dict(sorted(out.items()))
+
+
+def _plain_text(text: str) -> bool:
+    # NUL and lone surrogates survive JSON but not UTF-8 encoding, PostgreSQL text or MLflow:
+    # a tag holding one would make every later read of its version fail.
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse(text: object) -> Ref:
@@ -137,6 +165,9 @@ def parse(text: object) -> Ref:
         raise RefError(f"ref must be a string such as 'resnet18:v3', got {type(text).__name__}")
     if not text:
         raise RefError("empty ref: use 'name', 'name:v3', 'name@alias' or 'name@sha256:<hex>'")
+    if len(text) > MAX_REF_LENGTH:
+        raise RefError(f"ref {quoted(text)} is too long to be valid: names have at most 128 "
+                       "characters; use 'name', 'name:v3', 'name@alias' or 'name@sha256:<hex>'")
     if "@" in text:
         name, _, selector = text.partition("@")
         validate_name(name)
@@ -163,8 +194,11 @@ def parse(text: object) -> Ref:
         try:
             return Ref(name, version=validate_version(selector))
         except RefError:
+            in_range = "" if not _VERSION_RE.fullmatch(selector) else \
+                f" (versions run from 1 to {MAX_VERSION})"
             raise RefError(
-                f"invalid version {selector!r} in ref {text!r}: use 'v3', '3' or 'latest'"
+                f"invalid version {selector!r} in ref {text!r}: use 'v3', '3' or "
+                f"'latest'{in_range}"
             ) from None
     return Ref(validate_name(text))
 

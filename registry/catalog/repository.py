@@ -13,9 +13,9 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import NotFoundError, VersionExistsError
+from ..errors import NotFoundError, RefError, VersionExistsError
 from ..files import VersionFile, version_files
-from ..refs import Ref
+from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from .db import ensure_schema, make_engine, mapped_errors
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
 from .records import VersionRecord
@@ -66,12 +66,20 @@ class Catalog:
 
         ``files`` are the blobs the version will own: recorded now, so gc keeps them while the
         push uploads and a server accepts uploads of exactly these."""
+        # Checked here, before SQL, so that SQLite (64-bit integers) and PostgreSQL (a 32-bit
+        # column that would raise DataError) refuse the same numbers with the same error.
+        if version is not None and not 1 <= version <= MAX_VERSION:
+            raise RefError(f"invalid version {version}: versions run from 1 to {MAX_VERSION}")
         for attempt in range(_CLAIM_RETRIES):
             try:
                 with self._session() as s:
                     model = self._model_for_update(s, name)
                     if version is None:
                         number = model.last_version + 1
+                        if number > MAX_VERSION:
+                            raise VersionExistsError(
+                                f"{name} has used every version number up to v{MAX_VERSION} "
+                                "and numbers are never reused; push under a new name")
                     else:
                         number = version
                         taken = s.scalar(select(VersionRow).where(
@@ -165,18 +173,32 @@ class Catalog:
                 row = self._latest(s, model)
             return self._record(s, model, row)
 
-    def list_models(self) -> list[str]:
+    def list_models(self, *, limit: int | None = None, after: str | None = None) -> list[str]:
+        """Names of models with a live version, sorted; a page of ``limit`` names after
+        ``after`` when given."""
         with self._session() as s:
             live = select(VersionRow.model_id).where(VersionRow.state == READY)
-            return list(s.scalars(select(ModelRow.name).where(ModelRow.id.in_(live))
-                                  .order_by(ModelRow.name)))
+            query = select(ModelRow.name).where(ModelRow.id.in_(live)).order_by(ModelRow.name)
+            if after is not None:
+                query = query.where(ModelRow.name > after)
+            if limit is not None:
+                query = query.limit(limit)
+            return list(s.scalars(query))
 
-    def list_versions(self, name: str) -> list[VersionRecord]:
+    def list_versions(self, name: str, *, limit: int | None = None,
+                      after: int | None = None) -> list[VersionRecord]:
+        """Live versions of ``name``, oldest first; a page of ``limit`` versions numbered
+        above ``after`` when given."""
         with self._session() as s:
             model = self._model(s, name)
-            rows = s.scalars(select(VersionRow).where(
+            query = select(VersionRow).where(
                 VersionRow.model_id == model.id, VersionRow.state == READY)
-                .order_by(VersionRow.version)).all()
+            if after is not None:
+                query = query.where(VersionRow.version > after)
+            query = query.order_by(VersionRow.version)
+            if limit is not None:
+                query = query.limit(limit)
+            rows = s.scalars(query).all()
             aliases = self._aliases_by_version(s, model)
             return [self._record(s, model, r, aliases) for r in rows]
 
@@ -214,6 +236,9 @@ class Catalog:
                     merged.pop(key, None)
                 else:
                     merged[key] = value
+            if len(merged) > MAX_TAGS:  # each request is bounded; so is what they add up to
+                raise RefError(f"{name}:v{version} would hold {len(merged)} tags; a version "
+                               f"holds at most {MAX_TAGS}: remove some first")
             row.tags = json.dumps(merged, sort_keys=True)
             return self._record(s, model, row)
 

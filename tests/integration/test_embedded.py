@@ -303,9 +303,14 @@ def test_factory_trust_rules(reg: Registry, monkeypatch) -> None:  # type: ignor
     reg.push({"w": torch.ones(1)}, "evil", factory="os:system")
     with pytest.raises(UntrustedFactoryError, match="'os:system'"):
         reg.pull("evil")
+    # Outside the trusted prefixes a module is never imported: it must be imported already.
     reg.push({"w": torch.ones(1)}, "gone", factory="no_such_pkg.models:Net")
-    with pytest.raises(ArchitectureUnknownError, match="cannot be imported"):
+    with pytest.raises(UntrustedFactoryError, match="not imported"):
         reg.pull("gone")
+    # Under a trusted prefix a module that is not installed cannot be imported.
+    reg.push({"w": torch.ones(1)}, "absent", factory="tests.no_such_module:Net")
+    with pytest.raises(ArchitectureUnknownError, match="cannot be imported"):
+        trusting.pull("absent")
 
 
 def test_torchvision_factory_is_trusted_by_default(reg: Registry) -> None:
