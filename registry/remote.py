@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
@@ -25,13 +25,23 @@ from .catalog.records import VersionRecord
 from .digests import check_digest
 from .errors import (
     CatalogUnavailableError,
+    RefError,
     RegistryError,
     SettingsError,
     StoreUnavailableError,
+    quoted,
 )
 from .files import StagedFile
 from .parallel import UPLOAD_CONCURRENCY, concurrently
-from .refs import Ref
+from .refs import Ref, validate_name
+from .validate import (
+    MAX_PAGE,
+    answer_field,
+    answer_object,
+    answer_page,
+    strict_int,
+    version_number,
+)
 from .wire import API, error_class, record_from_wire
 
 if TYPE_CHECKING:
@@ -39,6 +49,7 @@ if TYPE_CHECKING:
 
 _CHUNK = 1024 * 1024
 _DOWNLOAD_ATTEMPTS = 3
+_MAX_MESSAGE = 2000
 
 
 class RemoteBackend:
@@ -90,7 +101,12 @@ class RemoteBackend:
         _raise_for_error(response, self.url)
         if response.status_code == 204 or not response.content:
             return None
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise RegistryError(f"registry server {self.url} answered {method} {path} with "
+                                f"something that is not JSON (HTTP {response.status_code}); is "
+                                "REGISTRY_URI a registry server?") from None
 
     def close(self) -> None:
         if self._http is not None:
@@ -110,11 +126,12 @@ class RemoteBackend:
         files = [s.file for s in staged]
         begun = self._call("POST", f"/models/{_seg(name)}/pushes",
                            json={"version": version, "files": [f.to_row() for f in files]})
-        number = int(begun["version"])
+        number = answer_field(begun, "push answer", "version", version_number)
         by_digest = {s.digest: s for s in staged}
         try:
-            uploads = [(target, by_digest[check_digest(target["digest"])])
-                       for target in begun.get("uploads") or []]
+            uploads = [(target, by_digest[digest]) for target, digest in
+                       answer_field(begun, "push answer", "uploads",
+                                    lambda v: _upload_targets(v, by_digest))]
             concurrently(lambda job: self._upload(job[0], job[1].path, job[1].size,
                                                   job[1].digest),
                          uploads, workers=UPLOAD_CONCURRENCY)
@@ -219,11 +236,31 @@ class RemoteBackend:
     # -- reads and changes ----------------------------------------------------------------
 
     def list_models(self) -> list[str]:
-        return list(self._call("GET", "/models")["models"])
+        return self._all_pages("/models", "models", validate_name,
+                               lambda c: validate_name(c))
 
     def list_versions(self, name: str) -> list[VersionRecord]:
-        data = self._call("GET", f"/models/{_seg(name)}/versions")
-        return [record_from_wire(v) for v in data["versions"]]
+        return self._all_pages(f"/models/{_seg(name)}/versions", "versions", record_from_wire,
+                               lambda c: version_number(c, "cursor"))
+
+    def _all_pages(self, path: str, key: str, item: Callable[[Any], Any],
+                   cursor: Callable[[Any], Any]) -> list[Any]:
+        """Every item of a paginated list, following ``next`` cursors until there is none."""
+        items: list[Any] = []
+        after: Any = None
+        while True:
+            params = {"limit": MAX_PAGE, **({"after": after} if after is not None else {})}
+            page, following = answer_page(self._call("GET", path, params=params), key, item,
+                                          cursor)
+            items.extend(page)
+            if following is None:
+                return items
+            if not page or following == after:
+                # A cursor that does not move would make this loop forever.
+                raise RegistryError(f"registry server {self.url} sent a list cursor that does "
+                                    f"not advance ({quoted(following)}); is REGISTRY_URI a "
+                                    "registry server of this version?")
+            after = following
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
         return record_from_wire(self._call("PUT", f"/models/{_seg(name)}/aliases/{_seg(alias)}",
@@ -241,8 +278,15 @@ class RemoteBackend:
 
     def gc(self) -> GcReport:
         data = self._call("POST", "/gc")
-        return GcReport(list(data["deleted"]), int(data["freed_bytes"]), int(data["kept"]),
-                        int(data["stale_pushes"]))
+        try:
+            answer = answer_object(data, "gc report")
+            return GcReport([check_digest(d) for d in answer["deleted"]],
+                            strict_int(answer["freed_bytes"], "freed_bytes", low=0, high=2**63),
+                            strict_int(answer["kept"], "kept", low=0, high=2**63),
+                            strict_int(answer["stale_pushes"], "stale_pushes", low=0, high=2**63))
+        except (KeyError, TypeError, RegistryError) as exc:
+            raise RegistryError(f"registry server {self.url} sent a malformed gc report "
+                                f"({quoted(str(exc))})") from None
 
     def rebuild(self) -> int:
         raise SettingsError(f"`registry db rebuild` works on the catalog directly; run it on "
@@ -250,7 +294,8 @@ class RemoteBackend:
 
     def mlflow_sync(self, *, full: bool = False) -> dict[str, Any]:
         """Ask the server to bring its MLflow mirror up to date (admin scope)."""
-        return dict(self._call("POST", "/mlflow/sync", params={"full": str(full).lower()}))
+        return answer_object(self._call("POST", "/mlflow/sync",
+                                        params={"full": str(full).lower()}), "sync report")
 
 
 def _raise_for_error(response: Any, base: str) -> None:
@@ -258,14 +303,30 @@ def _raise_for_error(response: Any, base: str) -> None:
         return
     try:
         error = response.json()["error"]
-        code, message = str(error["code"]), str(error["message"])
+        code, message = str(error["code"])[:64], str(error["message"])
     except (ValueError, KeyError, TypeError):
         if response.status_code >= 500:
             raise CatalogUnavailableError(f"registry server {base} failed with HTTP "
                                           f"{response.status_code}; see the server log") from None
         raise RegistryError(f"registry server {base} answered HTTP {response.status_code} "
                             "without an error body; is REGISTRY_URI a registry server?") from None
+    if len(message) > _MAX_MESSAGE:  # a hostile server must not flood logs or terminals
+        message = f"{message[:_MAX_MESSAGE]}… (cut from {len(message)} characters)"
     raise error_class(code)(message)
+
+
+def _upload_targets(value: object, ours: Mapping[str, object]) -> list[tuple[dict[str, Any], str]]:
+    """The upload targets of a push answer, each naming one of the files this push has."""
+    if not isinstance(value, list) or len(value) > len(ours):
+        raise RefError("expected a list of at most one upload per file")
+    out = []
+    for target in value:
+        digest = check_digest(target.get("digest") if isinstance(target, dict) else None,
+                              "upload digest")
+        if digest not in ours:
+            raise RefError(f"an upload of {digest}, which this push does not have")
+        out.append((target, digest))
+    return out
 
 
 def _seg(value: str) -> str:
@@ -274,12 +335,20 @@ def _seg(value: str) -> str:
 
 def _target_url(base: str, target: dict[str, Any]) -> tuple[str, bool]:
     """(url, direct): a presigned absolute URL is direct; a server path goes through ``base``."""
-    url = str(target["url"])
-    if target.get("direct"):
+    url = target.get("url") if isinstance(target, dict) else None
+    if not isinstance(url, str) or not url or len(url) > 8192:
+        raise RegistryError(f"registry server {base} sent a transfer target without a usable "
+                            f"url ({quoted(target)})")
+    if target.get("direct") is True:
+        if not url.startswith(("http://", "https://")):
+            raise RegistryError(f"registry server {base} sent a direct transfer URL that is not "
+                                f"http(s) ({quoted(url, 60)}); refusing it")
         return url, True
-    if url.startswith(("http://", "https://")):
-        raise RegistryError(f"registry server {base} sent an absolute non-direct URL; refusing "
-                            "to send the token to another host")
+    # Anything but a path of this API (an absolute or protocol-relative URL, a climb out of
+    # the API) could carry the token to another host.
+    if not url.startswith(API + "/") or "/../" in url or "\\" in url:
+        raise RegistryError(f"registry server {base} sent a transfer URL outside its API "
+                            f"({quoted(url, 60)}); refusing to send the token there")
     return url, False
 
 

@@ -3,7 +3,8 @@
 One module for both sides of the wire, so a field, a status or an error code cannot drift:
 
 - ``API`` is the prefix of every route (``/api/v1``);
-- a version travels as :func:`record_to_wire` JSON and comes back through :func:`record_from_wire`;
+- a version travels as :func:`record_to_wire` JSON and comes back through :func:`record_from_wire`,
+  which checks every field;
 - an error travels as ``{"error": {"code", "message"}}`` with the status :func:`status_for` gives
   its class, and :func:`error_class` turns the code back into the same ``RegistryError`` class.
 """
@@ -25,6 +26,7 @@ from .errors import (
     UnauthorizedError,
     VersionExistsError,
 )
+from .validate import answer_record
 
 API = "/api/v1"
 
@@ -64,7 +66,7 @@ def record_to_wire(record: VersionRecord) -> dict[str, Any]:
             "tags": record.tags, "aliases": record.aliases}
 
 
-def record_from_wire(data: dict[str, Any]) -> VersionRecord:
-    return VersionRecord(name=data["name"], version=int(data["version"]), digest=data["digest"],
-                         size_bytes=int(data["size_bytes"]), manifest=dict(data["manifest"]),
-                         tags=dict(data["tags"]), aliases=list(data["aliases"]))
+def record_from_wire(data: object) -> VersionRecord:
+    """A VersionRecord from a server's JSON (client side): every field is checked first
+    (``validate.answer_record``), so a hostile or broken answer is a RegistryError."""
+    return answer_record(data)

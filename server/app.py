@@ -28,7 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import manifest as mf
@@ -44,6 +44,7 @@ from registry.errors import (
 )
 from registry.files import ROLES, VersionFile, check_file_name, version_files
 from registry.refs import (
+    MAX_VERSION,
     parse,
     validate_alias,
     validate_aliases,
@@ -52,17 +53,24 @@ from registry.refs import (
     validate_version,
 )
 from registry.settings import Settings
-from registry.wire import API, error_body, record_to_wire, status_for
+from registry.validate import DEFAULT_PAGE, MAX_BLOB_BYTES, MAX_PAGE
+from registry.wire import API, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
+from .boundary import AsciiJSONResponse, BodyLimit, error_response
 
 log = logging.getLogger("registry.server")
 
-MAX_BLOB_BYTES = 2**50
 _bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
 # -- request bodies --------------------------------------------------------------------------
 
-class PushFile(BaseModel):
+class _Body(BaseModel):
+    # Strict: JSON true is not version 1 and "3" is not the integer 3; unknown fields are
+    # refused rather than ignored.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class PushFile(_Body):
     role: str = Field(default="weights", description="'weights' (a safetensors shard) or "
                                                      "'file' (an attached file).")
     name: str = Field(description="The file's name within the version.")
@@ -70,24 +78,27 @@ class PushFile(BaseModel):
     size: int = Field(ge=0, le=MAX_BLOB_BYTES)
 
 
-class PushBegin(BaseModel):
+class PushBegin(_Body):
     version: int | None = Field(default=None, description="Claim this number (None: next one).")
     files: list[PushFile] = Field(min_length=1, max_length=mf.MAX_FILES,
                                   description="Every blob the version will own.")
 
 
-class PushCommit(BaseModel):
+class PushCommit(_Body):
     manifest: dict[str, Any]
     tags: dict[str, str] = Field(default_factory=dict)
     aliases: list[str] = Field(default_factory=list)
 
 
-class AliasTarget(BaseModel):
+class AliasTarget(_Body):
     version: int | str
 
 
-class TagChanges(BaseModel):
+class TagChanges(_Body):
     tags: dict[str, str | None]
+
+
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
 
 
 # -- the app ---------------------------------------------------------------------------------
@@ -130,8 +141,10 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
             local.close()
 
     app = FastAPI(title="registry", version="1", lifespan=lifespan,
+                  default_response_class=AsciiJSONResponse,
                   description="A model registry for PyTorch: push any checkpoint, pull it on "
                               "any device.")
+    app.add_middleware(BodyLimit)
     app.state.backend = local
     app.state.mirror = mirror
     def need(scope: Scope) -> Any:
@@ -152,28 +165,26 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     async def registry_error(_request: Request, exc: RegistryError) -> JSONResponse:
         status = status_for(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(error_body(exc.code, str(exc)), status_code=status, headers=headers)
+        return error_response(status, exc.code, str(exc), headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse(error_body("invalid_request",
-                                       f"invalid request at {where or 'body'}: "
-                                       f"{first.get('msg', 'malformed')}"), status_code=422)
+        where = ".".join(str(p)[:60] for p in first.get("loc", ()))
+        return error_response(422, "invalid_request",
+                              f"invalid request at {where[:200] or 'body'}: "
+                              f"{str(first.get('msg', 'malformed'))[:200]}")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else "invalid_request"
-        return JSONResponse(error_body(code, f"{exc.detail}: see /docs for the API"),
-                            status_code=exc.status_code, headers=exc.headers)
+        return error_response(exc.status_code, code,
+                              f"{str(exc.detail)[:200]}: see /docs for the API", exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
-        return JSONResponse(error_body("internal_error",
-                                       "the registry server failed; see its log"),
-                            status_code=500)
+        return error_response(500, "internal_error", "the registry server failed; see its log")
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, str]:
@@ -182,12 +193,25 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     # -- reads ----------------------------------------------------------------------------
 
     @app.get(API + "/models", tags=["models"])
-    def list_models(_caller: str = read) -> dict[str, list[str]]:
-        return {"models": local.list_models()}
+    def list_models(limit: PageSize = DEFAULT_PAGE,
+                    after: Annotated[str | None, Query(
+                        max_length=128, description="The `next` of the previous page.")] = None,
+                    _caller: str = read) -> dict[str, Any]:
+        """Model names, sorted, one page at a time: pass ``next`` back as ``after``."""
+        start = None if after is None else validate_name(after)
+        names = local.list_models(limit=limit + 1, after=start)
+        return {"models": names[:limit], "next": names[limit - 1] if len(names) > limit else None}
 
     @app.get(API + "/models/{name}/versions", tags=["models"])
-    def list_versions(name: str, _caller: str = read) -> dict[str, Any]:
-        return {"versions": [record_to_wire(r) for r in local.list_versions(validate_name(name))]}
+    def list_versions(name: str, limit: PageSize = DEFAULT_PAGE,
+                      after: Annotated[int | None, Query(
+                          ge=0, le=MAX_VERSION,
+                          description="The `next` of the previous page.")] = None,
+                      _caller: str = read) -> dict[str, Any]:
+        """Live versions, oldest first, one page at a time: pass ``next`` back as ``after``."""
+        records = local.list_versions(validate_name(name), limit=limit + 1, after=after)
+        return {"versions": [record_to_wire(r) for r in records[:limit]],
+                "next": records[limit - 1].version if len(records) > limit else None}
 
     @app.get(API + "/models/{name}/versions/{version}", tags=["models"])
     def show_version(name: str, version: str, _caller: str = read) -> dict[str, Any]:
