@@ -308,9 +308,12 @@ class LocalBackend:
         return record
 
     def delete_version(self, name: str, version: int) -> VersionRecord:
+        from .exports import local as exports
+
         record = self.catalog.delete_version(name, version)
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
+        exports.drop(self, name, version)
         self._write_aliases(name, allow_missing=True)
         return record
 
@@ -329,6 +332,9 @@ class LocalBackend:
         """Delete blobs no version references (in the store and in the local cache)."""
         stale = self.catalog.drop_stale_pending(older_than=pending_grace)
         keep = self.catalog.referenced_digests(pending_grace=pending_grace)
+        from .exports import local as exports
+
+        keep |= exports.referenced(self)
         deleted: list[str] = []
         freed = 0
         kept = 0
@@ -376,7 +382,11 @@ class LocalBackend:
         # deletion happened.
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
-        return self.catalog.restore(manifests, sorted(retired), aliases)
+        count = self.catalog.restore(manifests, sorted(retired), aliases)
+        from .exports import local as exports
+
+        exports.restore(self)
+        return count
 
 
 def _digest_of(key: str) -> str:
