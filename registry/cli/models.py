@@ -103,7 +103,9 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     mv = reg.show(ref)
     exports = reg.list_exports(mv.ref)
     if as_json:
-        emit_json({**mv.to_dict(), "exports": [a.to_dict() for a in exports]})
+        # ModelVersion fields, plus "exports" when the version has any.
+        emit_json({**mv.to_dict(), **({"exports": [a.to_dict() for a in exports]}
+                                      if exports else {})})
     else:
         click.echo(version_table(mv))
         if exports:

@@ -231,6 +231,9 @@ def test_cli_export_round_trip(tmp_path: Path) -> None:
     shown = run_cli("show", "mlp:v1", env=env, check=True)
     assert "exports:" in shown.stdout and "onnx" in shown.stdout and "2x8 dynamic-batch" \
         in shown.stdout
+    as_json = json.loads(run_cli("show", "mlp:v1", "--json", env=env, check=True).stdout)
+    assert [(e["format"], e["digest"]) for e in as_json["exports"]] == [
+        ("onnx", json.loads(again.stdout)["digest"])]
     bad = run_cli("export", "mlp", "--input-shape", "2xa", env=env)
     assert bad.returncode == 2 and "1x3x224x224" in bad.stderr
 
