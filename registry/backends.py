@@ -382,10 +382,11 @@ class LocalBackend:
         # deletion happened.
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
-        count = self.catalog.restore(manifests, sorted(retired), aliases)
         from .exports import local as exports
 
-        exports.restore(self)
+        found = exports.stored(self)
+        count = self.catalog.restore(manifests, sorted(retired), aliases)
+        exports.restore(self, found)
         return count
 
 

@@ -62,9 +62,9 @@ def referenced(local: LocalBackend) -> set[str]:
     return rows.export_digests(local.catalog)
 
 
-def restore(local: LocalBackend) -> int:
-    """Catalog rows for every ``.exports.json`` in the store (``registry db rebuild``), after
-    the versions themselves were restored."""
+def stored(local: LocalBackend) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """Every ``.exports.json`` in the store, checked (``registry db rebuild`` reads them all
+    before it changes the catalog, so a hostile one refuses the rebuild and changes nothing)."""
     found: list[tuple[str, int, list[dict[str, Any]]]] = []
     for key in local.store.list("manifests/"):
         name, version, suffix = validate.manifest_key(key)
@@ -72,4 +72,9 @@ def restore(local: LocalBackend) -> int:
             continue
         data = validate.stored_bytes(local.store.has(key), key, local.store.get_bytes)
         found.append((name, version, records.loads(data, name, version, key)))
+    return found
+
+
+def restore(local: LocalBackend, found: list[tuple[str, int, list[dict[str, Any]]]]) -> int:
+    """Catalog rows for the exports :func:`stored` read, once the versions were restored."""
     return rows.restore_exports(local.catalog, found)
