@@ -287,3 +287,57 @@ def test_mlflow_mirror_tags_each_version_with_its_export_formats(reg: Registry,
     assert report.mirrored == ["mlp:v1"]  # an export changes what the mirror shows
     (version,) = MlflowClient(tracking_uri=uri).search_model_versions("name='mlp'")
     assert version.tags["registry.exports"] == "pt2,torchscript"
+
+
+@pytest.mark.postgres
+def test_exports_on_postgres_rebuild_delete_and_gc(pg_url: str, home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = Registry(catalog=pg_url)
+    try:
+        reg.push(trained_mlp(), "mlp", factory=MLP)
+        art = reg.export("mlp", format="torchscript", input_shapes=[(2, 8)])
+        # The same parameters recorded twice keep the first row (a concurrent exporter lost).
+        from registry.catalog import exports as rows
+
+        catalog = reg.backend.catalog  # type: ignore[attr-defined]
+        (record,) = rows.list_exports(catalog, "mlp", 1)
+        kept = rows.add_export(catalog, "mlp", 1, {**record, "digest": "sha256:" + "0" * 64})
+        assert kept["digest"] == art.digest
+        reg.backend.rebuild()
+        calls = no_export(monkeypatch)
+        assert reg.export("mlp", format="torchscript", input_shapes=[(2, 8)]).cached
+        assert calls == []
+        monkeypatch.undo()
+        reg.delete_version("mlp:v1")
+        assert art.digest in reg.gc().deleted
+    finally:
+        reg.close()
+
+
+@pytest.mark.s3
+def test_export_through_a_server_on_s3_goes_by_presigned_url(s3_endpoint: str, s3_store_url: str,
+                                                             tmp_path: Path) -> None:
+    import os
+
+    from tests.integration.conftest import DUMMY_KEY_ID, DUMMY_SECRET
+    from tests.integration.serving import registry_server
+
+    env = {"REGISTRY_STORE_URL": s3_store_url, "REGISTRY_S3_ENDPOINT_URL": s3_endpoint,
+           "AWS_ACCESS_KEY_ID": DUMMY_KEY_ID, "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+           "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    with registry_server(tmp_path / "server-home", tmp_path, env_extra=env) as server:
+        exporter = Registry(server.url, home=tmp_path / "exporter")
+        other = Registry(server.url, home=tmp_path / "other")
+        try:
+            exporter.push(trained_mlp(), "mlp", factory=MLP)
+            art = exporter.export("mlp", format="onnx", input_shapes=[(2, 8)])
+            path = other.pull_export("mlp", format="onnx", input_shapes=[(2, 8)])
+            assert path.read_bytes() == art.path.read_bytes()  # type: ignore[union-attr]
+            # Neither the upload nor the download went through the server.
+            assert "PUT /api/v1/blobs/" not in server.output()
+            assert f"GET /api/v1/blobs/{art.digest} " not in server.output()
+            assert "/link" in server.output()
+        finally:
+            exporter.close()
+            other.close()
