@@ -88,10 +88,16 @@ def export(registry: Registry, ref: str | Ref, request: ExportRequest,
     version = backend.resolve(parse(ref))
     origin = f"{version.name}:v{version.version}"
     for record in _stored(backend, version.name, version.version):
-        if record["key"] == request.key and (request.tolerance is None
-                                             or record["max_abs_diff"] <= request.tolerance):
-            path = backend.blob_path(record["digest"], record["size"])
-            return Artifact.from_record(origin, record, path, cached=True)
+        if record["key"] != request.key:
+            continue
+        if request.tolerance is not None and record["max_abs_diff"] > request.tolerance:
+            raise ExportError(
+                f"the stored {request.format} export of {origin} with these options differs "
+                f"from the module by {record['max_abs_diff']:.3g}, more than tolerance="
+                f"{request.tolerance:.3g}; pass a larger tolerance, or change an option (dtype, "
+                "format) to make another export")
+        path = backend.blob_path(record["digest"], record["size"])
+        return Artifact.from_record(origin, record, path, cached=True)
     module = registry.pull(origin, device=request.device, dtype=request.dtype, model=model)
     staging = backend.staging_dir()
     fd, name = tempfile.mkstemp(dir=staging, prefix=".export-",

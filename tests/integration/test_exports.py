@@ -103,6 +103,10 @@ def test_resnet18_exports_verify_and_come_back_from_the_store(
     assert reg.pull_export("resnet18:v1", format=fmt, input_shapes=[(1, 3, 32, 32)],
                            dynamic_batch=True) == again.path
     assert [a.digest for a in reg.list_exports("resnet18:v1")] == [art.digest]
+    if art.max_abs_diff > 0:  # a stricter tolerance than the stored export met is refused
+        with pytest.raises(ExportError, match="differs from the module by .*more than"):
+            reg.export("resnet18", format=fmt, input_shapes=[(1, 3, 32, 32)],
+                       dynamic_batch=True, tolerance=art.max_abs_diff / 2)
 
 
 def test_transformer_encoder_with_dynamic_sequence_length(reg: Registry) -> None:
