@@ -31,18 +31,18 @@ def list_exports(catalog: Catalog, name: str, version: int) -> list[dict[str, An
 
 
 def add_export(catalog: Catalog, name: str, version: int,
-               record: Mapping[str, Any]) -> dict[str, Any]:
-    """Record an export of ``name:vN``; when one with the same key exists (two processes
-    exported the same thing at once) that one stays and is returned."""
+               record: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Record an export of ``name:vN``: (the record kept, whether it is this one). When one
+    with the same key exists (two processes exported the same thing at once) it stays."""
     try:
         with catalog._session() as s:
             version_id = _version_id(catalog, s, name, version)
             existing = s.scalar(select(ExportRow).where(ExportRow.version_id == version_id,
                                                         ExportRow.key == record["key"]))
             if existing is not None:
-                return dict(json.loads(existing.record))
+                return dict(json.loads(existing.record)), False
             s.add(_row(version_id, record))
-            return dict(record)
+            return dict(record), True
     except IntegrityError:  # a concurrent insert of the same key won
         with catalog._session() as s:
             version_id = _version_id(catalog, s, name, version)
@@ -50,7 +50,15 @@ def add_export(catalog: Catalog, name: str, version: int,
                                                    ExportRow.key == record["key"]))
             if row is None:
                 raise
-            return dict(json.loads(row.record))
+            return dict(json.loads(row.record)), False
+
+
+def remove_export(catalog: Catalog, name: str, version: int, key: str) -> None:
+    """Forget one export of ``name:vN`` (its blob could not be stored)."""
+    with catalog._session() as s:
+        ids = select(VersionRow.id).join(ModelRow, ModelRow.id == VersionRow.model_id).where(
+            ModelRow.name == name, VersionRow.version == version)
+        s.execute(delete(ExportRow).where(ExportRow.version_id.in_(ids), ExportRow.key == key))
 
 
 def drop_exports(catalog: Catalog, name: str, version: int) -> None:

@@ -27,20 +27,28 @@ def register(local: LocalBackend, name: str, version: int, record: dict[str, Any
              path: Path | None = None) -> dict[str, Any]:
     """Record an export of ``name:vN`` whose blob is ``path`` (consumed) or already stored.
 
-    The blob is stored first, then the catalog row, then the store's exports file is rewritten
-    from the catalog, so a `db rebuild` restores what the catalog lists."""
+    The catalog row comes first, so a gc running meanwhile keeps the blob being uploaded; then
+    the blob; then the store's exports file is rewritten from the catalog, so `db rebuild`
+    restores what the catalog lists. When the same options were recorded meanwhile (another
+    process exported the same thing), that record stays and is returned."""
     record = records.check(record, f"export of {name}:v{version}")
     key = mf.blob_key(record["digest"])
-    if path is not None:
-        if local.store.has(key) == record["size"]:
-            path.unlink(missing_ok=True)
-        else:
-            local.upload(StagedFile(path, VersionFile("export", record["format"], record["digest"],
-                                                      record["size"])))
-    elif local.store.has(key) != record["size"]:
+    if path is None and local.store.has(key) != record["size"]:
         raise NotFoundError(f"export blob {record['digest']} of {name}:v{version} is not in the "
                             f"store ({record['size']} bytes expected); upload it first")
-    kept = rows.add_export(local.catalog, name, version, record)
+    kept, inserted = rows.add_export(local.catalog, name, version, record)
+    if path is not None:
+        try:
+            if kept["digest"] != record["digest"] or local.store.has(key) == record["size"]:
+                path.unlink(missing_ok=True)
+            else:
+                local.upload(StagedFile(path, VersionFile("export", record["format"],
+                                                          record["digest"], record["size"])))
+        except BaseException:
+            if inserted:
+                with contextlib.suppress(Exception):
+                    rows.remove_export(local.catalog, name, version, record["key"])
+            raise
     write_store_file(local, name, version)
     with contextlib.suppress(Exception):
         local.catalog.set_mirror_state(name, version, None)  # the mirror tags export formats

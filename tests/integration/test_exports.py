@@ -305,8 +305,9 @@ def test_exports_on_postgres_rebuild_delete_and_gc(pg_url: str, home: Path,
 
         catalog = reg.backend.catalog  # type: ignore[attr-defined]
         (record,) = rows.list_exports(catalog, "mlp", 1)
-        kept = rows.add_export(catalog, "mlp", 1, {**record, "digest": "sha256:" + "0" * 64})
-        assert kept["digest"] == art.digest
+        kept, inserted = rows.add_export(catalog, "mlp", 1,
+                                         {**record, "digest": "sha256:" + "0" * 64})
+        assert kept["digest"] == art.digest and not inserted
         reg.backend.rebuild()
         calls = no_export(monkeypatch)
         assert reg.export("mlp", format="torchscript", input_shapes=[(2, 8)]).cached
@@ -345,3 +346,21 @@ def test_export_through_a_server_on_s3_goes_by_presigned_url(s3_endpoint: str, s
         finally:
             exporter.close()
             other.close()
+
+
+def test_an_export_whose_blob_cannot_be_stored_leaves_no_record(
+        reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.backends import LocalBackend
+    from registry.errors import StoreUnavailableError
+
+    reg.push(trained_mlp(), "mlp", factory=MLP)
+
+    def broken(*_a: Any, **_k: Any) -> None:
+        raise StoreUnavailableError("store down")
+
+    monkeypatch.setattr(LocalBackend, "upload", broken)
+    with pytest.raises(StoreUnavailableError):
+        reg.export("mlp", format="torchscript", input_shapes=[(2, 8)])
+    monkeypatch.undo()
+    assert reg.list_exports("mlp") == []
+    assert not reg.export("mlp", format="torchscript", input_shapes=[(2, 8)]).cached
