@@ -97,6 +97,11 @@ class Backend(Protocol):
 
     def rebuild(self) -> int: ...
 
+    def list_exports(self, name: str, version: int) -> list[dict[str, Any]]: ...
+
+    def register_export(self, name: str, version: int, record: dict[str, Any],
+                        path: Path) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -316,6 +321,18 @@ class LocalBackend:
         exports.drop(self, name, version)
         self._write_aliases(name, allow_missing=True)
         return record
+
+    def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
+        """Export records of ``name:vN`` (registry/exports/local.py)."""
+        from .exports import local as exports
+
+        return exports.list_exports(self, name, version)
+
+    def register_export(self, name: str, version: int, record: dict[str, Any],
+                        path: Path) -> dict[str, Any]:
+        from .exports import local as exports
+
+        return exports.register(self, name, version, record, path)
 
     def _write_aliases(self, name: str, *, allow_missing: bool = False) -> None:
         try:

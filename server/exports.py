@@ -21,7 +21,7 @@ from registry.exports import records
 from registry.files import VersionFile
 from registry.manifest import blob_key
 from registry.refs import validate_name, validate_version
-from registry.wire import API
+from registry.wire import API, EXPORTS_ROUTE
 
 
 class ExportRegistration(BaseModel):
@@ -34,7 +34,7 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
                       changed: Callable[[], None],
                       upload_target: Callable[[LocalBackend, VersionFile], dict[str, Any]]
                       ) -> None:
-    path = API + "/models/{name}/versions/{version}/exports"
+    path = API + EXPORTS_ROUTE
 
     @app.get(path, tags=["exports"])
     def list_exports(name: str, version: str, _caller: str = read) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from ..errors import RegistryError
 from ..validate import answer_field
+from ..wire import EXPORTS_ROUTE
 from . import records
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _path(name: str, version: int) -> str:
-    return f"/models/{quote(name, safe='')}/versions/{version}/exports"
+    return EXPORTS_ROUTE.format(name=quote(name, safe=""), version=version)
 
 
 def list_exports(remote: RemoteBackend, name: str, version: int) -> list[dict[str, Any]]:

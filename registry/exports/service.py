@@ -33,7 +33,6 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..backends import Backend
     from ..client import Registry
 
 
@@ -43,41 +42,12 @@ def _format_module(fmt: str) -> Any:
     return importlib.import_module(f"{__package__}.{fmt}")
 
 
-def _stored(backend: Backend, name: str, version: int) -> list[dict[str, Any]]:
-    from ..backends import LocalBackend
-
-    if isinstance(backend, LocalBackend):
-        from . import local
-
-        return local.list_exports(backend, name, version)
-    from ..remote import RemoteBackend
-    from . import remote
-
-    assert isinstance(backend, RemoteBackend)
-    return remote.list_exports(backend, name, version)
-
-
-def _register(backend: Backend, name: str, version: int, record: dict[str, Any],
-              path: Path) -> dict[str, Any]:
-    from ..backends import LocalBackend
-
-    if isinstance(backend, LocalBackend):
-        from . import local
-
-        return local.register(backend, name, version, record, path)
-    from ..remote import RemoteBackend
-    from . import remote
-
-    assert isinstance(backend, RemoteBackend)
-    return remote.register(backend, name, version, record, path)
-
-
 def list_exports(registry: Registry, ref: str | Ref) -> list[Artifact]:
     """Every stored export of ``ref`` (nothing is downloaded: ``path`` is None)."""
     version = registry.backend.resolve(parse(ref))
     origin = f"{version.name}:v{version.version}"
     return [Artifact.from_record(origin, r)
-            for r in _stored(registry.backend, version.name, version.version)]
+            for r in registry.backend.list_exports(version.name, version.version)]
 
 
 def export(registry: Registry, ref: str | Ref, request: ExportRequest,
@@ -87,7 +57,7 @@ def export(registry: Registry, ref: str | Ref, request: ExportRequest,
     backend = registry.backend
     version = backend.resolve(parse(ref))
     origin = f"{version.name}:v{version.version}"
-    for record in _stored(backend, version.name, version.version):
+    for record in backend.list_exports(version.name, version.version):
         if record["key"] != request.key:
             continue
         if request.tolerance is not None and record["max_abs_diff"] > request.tolerance:
@@ -106,7 +76,7 @@ def export(registry: Registry, ref: str | Ref, request: ExportRequest,
     path = Path(name)
     try:
         record = run(module, request, origin, path)
-        kept = _register(backend, version.name, version.version, record, path)
+        kept = backend.register_export(version.name, version.version, record, path)
     finally:
         path.unlink(missing_ok=True)
     return Artifact.from_record(origin, kept, backend.blob_path(kept["digest"], kept["size"]))
