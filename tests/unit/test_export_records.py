@@ -96,3 +96,25 @@ def test_a_stored_exports_file_must_name_its_own_version() -> None:
         records.loads(data, "m", 3, "k")
     with pytest.raises(ManifestError, match="exactly the fields"):
         records.check({**GOOD, "extra": 1}, "test")
+
+
+def test_onnx_without_its_extra_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from registry.errors import ExportError
+    from registry.exports import onnx
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    with pytest.raises(ExportError, match=r"needs onnxruntime.*pip install 'registry\[export\]'"):
+        onnx._require("onnxruntime")
+
+
+def test_importing_registry_loads_no_exporter() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, registry; print(sorted(m for m in ('onnx', 'onnxruntime', 'onnxscript',"
+            " 'torch._dynamo', 'torch.onnx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
