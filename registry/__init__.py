@@ -14,10 +14,13 @@ from ._api import (
     default_registry,
     delete_alias,
     delete_version,
+    export,
     gc,
+    list_exports,
     list_models,
     list_versions,
     pull,
+    pull_export,
     pull_state_dict,
     push,
     set_alias,
@@ -33,6 +36,7 @@ from .errors import (
     DeviceUnavailableError,
     DigestMismatchError,
     DtypeError,
+    ExportError,
     ForbiddenError,
     ManifestError,
     MlflowUnavailableError,
@@ -49,6 +53,7 @@ from .errors import (
     UntrustedFactoryError,
     VersionExistsError,
 )
+from .exports import Artifact
 from .manifest import ModelVersion
 from .refs import Ref
 from .refs import parse as parse_ref
@@ -58,11 +63,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArchitectureUnknownError",
+    "Artifact",
     "CatalogUnavailableError",
     "CheckpointError",
     "DeviceUnavailableError",
     "DigestMismatchError",
     "DtypeError",
+    "ExportError",
     "ForbiddenError",
     "GcReport",
     "ManifestError",
@@ -86,11 +93,14 @@ __all__ = [
     "default_registry",
     "delete_alias",
     "delete_version",
+    "export",
     "gc",
+    "list_exports",
     "list_models",
     "list_versions",
     "parse_ref",
     "pull",
+    "pull_export",
     "pull_state_dict",
     "push",
     "set_alias",

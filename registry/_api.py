@@ -7,14 +7,17 @@ Their signatures are the facade's, kept equal by tests/unit/test_exported_member
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from .backends import GcReport
 from .client import ModelInput, Registry
 from .devices import DeviceRequest, DtypeRequest
+from .exports import Artifact, ExportFormat
 from .manifest import ModelVersion
 from .materialize import DeviceMap, ModelSpec
 from .refs import Ref
@@ -89,3 +92,36 @@ def delete_version(ref: str | Ref) -> ModelVersion:
 
 def gc() -> GcReport:
     return default_registry().gc()
+
+
+def export(ref: str | Ref, *, format: ExportFormat = "onnx",
+           input_shapes: Sequence[Sequence[int]] | None = None,
+           example_inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
+           dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
+           opset: int | None = None, device: DeviceRequest = "cpu",
+           dtype: DtypeRequest = "auto", tolerance: float | None = None,
+           model: ModelSpec = None) -> Artifact:
+    """A verified, stored export of ``ref``; see :meth:`Registry.export`."""
+    return default_registry().export(
+        ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
+        dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
+        dtype=dtype, tolerance=tolerance, model=model)
+
+
+def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
+                input_shapes: Sequence[Sequence[int]] | None = None,
+                example_inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
+                dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
+                opset: int | None = None, device: DeviceRequest = "cpu",
+                dtype: DtypeRequest = "auto", tolerance: float | None = None,
+                model: ModelSpec = None) -> Path:
+    """The local path of a verified export of ``ref``; see :meth:`Registry.pull_export`."""
+    return default_registry().pull_export(
+        ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
+        dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
+        dtype=dtype, tolerance=tolerance, model=model)
+
+
+def list_exports(ref: str | Ref) -> list[Artifact]:
+    """The stored exports of ``ref``; see :meth:`Registry.list_exports`."""
+    return default_registry().list_exports(ref)

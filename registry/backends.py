@@ -97,6 +97,11 @@ class Backend(Protocol):
 
     def rebuild(self) -> int: ...
 
+    def list_exports(self, name: str, version: int) -> list[dict[str, Any]]: ...
+
+    def register_export(self, name: str, version: int, record: dict[str, Any],
+                        path: Path) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -308,11 +313,26 @@ class LocalBackend:
         return record
 
     def delete_version(self, name: str, version: int) -> VersionRecord:
+        from .exports import local as exports
+
         record = self.catalog.delete_version(name, version)
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
+        exports.drop(self, name, version)
         self._write_aliases(name, allow_missing=True)
         return record
+
+    def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
+        """Export records of ``name:vN`` (registry/exports/local.py)."""
+        from .exports import local as exports
+
+        return exports.list_exports(self, name, version)
+
+    def register_export(self, name: str, version: int, record: dict[str, Any],
+                        path: Path) -> dict[str, Any]:
+        from .exports import local as exports
+
+        return exports.register(self, name, version, record, path)
 
     def _write_aliases(self, name: str, *, allow_missing: bool = False) -> None:
         try:
@@ -329,6 +349,9 @@ class LocalBackend:
         """Delete blobs no version references (in the store and in the local cache)."""
         stale = self.catalog.drop_stale_pending(older_than=pending_grace)
         keep = self.catalog.referenced_digests(pending_grace=pending_grace)
+        from .exports import local as exports
+
+        keep |= exports.referenced(self)
         deleted: list[str] = []
         freed = 0
         kept = 0
@@ -376,7 +399,12 @@ class LocalBackend:
         # deletion happened.
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
-        return self.catalog.restore(manifests, sorted(retired), aliases)
+        from .exports import local as exports
+
+        found = exports.stored(self)
+        count = self.catalog.restore(manifests, sorted(retired), aliases)
+        exports.restore(self, found)
+        return count
 
 
 def _digest_of(key: str) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -18,6 +19,7 @@ from . import materialize as mat
 from .backends import Backend, GcReport, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
+from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
@@ -314,6 +316,48 @@ class Registry:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
         return _version(self._backend.delete_version(parsed.name, parsed.version))
+
+    # -- exports: the logic lives in registry/exports ----------------------------------------
+
+    def export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
+               input_shapes: Sequence[Sequence[int]] | None = None,
+               example_inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
+               dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
+               opset: int | None = None, device: dev.DeviceRequest = "cpu",
+               dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
+               model: mat.ModelSpec = None) -> Artifact:
+        """An ONNX / pt2 / TorchScript artifact of ``ref``, verified against the module on
+        random inputs of ``input_shapes`` (or ``example_inputs``) and stored with the version;
+        the same options return the stored one. ``dynamic_axes``: per input, the dims besides
+        the batch dim whose size may vary."""
+        from .exports import common, service
+
+        return service.export(self, ref, common.make_request(
+            format, input_shapes=input_shapes, example_inputs=example_inputs,
+            dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
+            dtype=dtype, tolerance=tolerance), model)
+
+    def pull_export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
+                    input_shapes: Sequence[Sequence[int]] | None = None,
+                    example_inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
+                    dynamic_batch: bool = False,
+                    dynamic_axes: Sequence[Sequence[int]] | None = None,
+                    opset: int | None = None, device: dev.DeviceRequest = "cpu",
+                    dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
+                    model: mat.ModelSpec = None) -> Path:
+        """The verified local file of :meth:`export` with the same options (cached)."""
+        from .exports import service
+
+        return service.path_of(self.export(
+            ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
+            dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
+            dtype=dtype, tolerance=tolerance, model=model))
+
+    def list_exports(self, ref: str | Ref) -> list[Artifact]:
+        """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
+        from .exports import service
+
+        return service.list_exports(self, ref)
 
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""

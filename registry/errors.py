@@ -15,6 +15,7 @@
     ├── DeviceUnavailableError                 a named device that does not exist or cannot hold it
     ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
+    ├── ExportError                            an export the exporter cannot do or that differs
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
     ├── MlflowUnavailableError (ConnectionError)
@@ -125,6 +126,14 @@ class DigestMismatchError(RegistryError):
 
     code = "digest_mismatch"
     exit_code = 8
+
+
+class ExportError(RegistryError):
+    """An export (ONNX, pt2, TorchScript) that the exporter cannot do, whose artifact does not
+    compute what the module computes within the tolerance, or whose extra is not installed."""
+
+    code = "export_failed"
+    exit_code = 12
 
 
 class ManifestError(CheckpointError):

@@ -6,6 +6,8 @@ Every blob a version owns is content-addressed (``blobs/sha256/<hex>``) and has 
   keys it holds (format 2). A format-1 manifest has one shard holding every tensor.
 - ``file``: a file that travels with the weights (``config.json``, ``tokenizer.json``), listed in
   the manifest's ``attachments`` with its relative path as ``name``.
+- ``export``: an ONNX, pt2 or TorchScript artifact derived from the version after it was
+  committed; never in the immutable manifest, but in ``registry/exports`` records.
 
 Upload-if-missing, the catalog's per-version file rows (what gc keeps and what a server accepts
 uploads for), presigned transfers and the MLflow tags all work on :class:`VersionFile` lists
@@ -23,7 +25,8 @@ from typing import Any, Literal
 from .digests import version_digest
 from .errors import RefError
 
-Role = Literal["weights", "file"]
+Role = Literal["weights", "file", "export"]
+# Roles a push may list (exports are registered after the version exists).
 ROLES: tuple[str, ...] = ("weights", "file")
 
 _PART_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}")

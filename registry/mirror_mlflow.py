@@ -66,10 +66,13 @@ def tracking_uri_for(settings: Settings) -> str:
     return settings.mlflow_uri
 
 
-def fingerprint(record: VersionRecord, tracking_uri: str) -> str:
+def fingerprint(record: VersionRecord, tracking_uri: str, exports: list[str] | None = None
+                ) -> str:
     """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
-    state = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
-             "aliases": sorted(record.aliases), "format": 1}
+    state: dict[str, Any] = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
+                             "aliases": sorted(record.aliases), "format": 1}
+    if exports:
+        state["exports"] = exports
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
@@ -95,12 +98,13 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                     backend.catalog.set_mirror_state(name, version, None)
                     report.removed.append(f"{name}:v{version}")
                 continue
-            wanted = fingerprint(record, tracking_uri)
+            formats = export_formats(backend, name, version)
+            wanted = fingerprint(record, tracking_uri, formats)
             if synced == wanted and not full:
                 report.unchanged += 1
                 continue
             with _mapped(tracking_uri):
-                _mirror_version(client, record, source_uri(backend, record))
+                _mirror_version(client, record, source_uri(backend, record), formats)
             backend.catalog.set_mirror_state(name, version, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
@@ -122,11 +126,21 @@ def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
     return backend.store.uri(mf.manifest_key(record.name, record.version))
 
 
-def _mirror_version(client: Any, record: VersionRecord, source: str) -> None:
+def export_formats(backend: LocalBackend, name: str, version: int) -> list[str]:
+    """The formats ``name:vN`` has been exported to, sorted (the ``registry.exports`` tag)."""
+    from .exports import local as exports
+
+    return sorted({r["format"] for r in exports.list_exports(backend, name, version)})
+
+
+def _mirror_version(client: Any, record: VersionRecord, source: str,
+                    exports: list[str] | None = None) -> None:
     name = record.name
     _ensure_registered_model(client, name)
     existing = _find_version(client, name, record.version)
     tags = version_tags(record, source)
+    if exports:
+        tags["registry.exports"] = ",".join(exports)
     description = describe(record)
     if existing is None:
         existing = _create_aligned(client, name, record.version, source, tags, description)

@@ -288,6 +288,18 @@ class RemoteBackend:
             raise RegistryError(f"registry server {self.url} sent a malformed gc report "
                                 f"({quoted(str(exc))})") from None
 
+    def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
+        """Export records of ``name:vN``, each checked (registry/exports/remote.py)."""
+        from .exports import remote as exports
+
+        return exports.list_exports(self, name, version)
+
+    def register_export(self, name: str, version: int, record: dict[str, Any],
+                        path: Path) -> dict[str, Any]:
+        from .exports import remote as exports
+
+        return exports.register(self, name, version, record, path)
+
     def rebuild(self) -> int:
         raise SettingsError(f"`registry db rebuild` works on the catalog directly; run it on "
                             f"the server host of {self.url}, not through REGISTRY_URI")

@@ -29,6 +29,8 @@ from .errors import (
 from .validate import answer_record
 
 API = "/api/v1"
+# A version's exports: GET lists their records, POST registers one (server/exports.py).
+EXPORTS_ROUTE = "/models/{name}/versions/{version}/exports"
 
 # Status of each error class (the first match wins); any other RegistryError is a 400.
 STATUS: list[tuple[type[RegistryError], int]] = [

@@ -58,6 +58,7 @@ from registry.wire import API, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
+from .exports import add_export_routes
 
 log = logging.getLogger("registry.server")
 
@@ -334,6 +335,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         report = sync(local, tracking_uri_for(settings), full=full)
         return report.to_dict()
 
+    add_export_routes(app, local, read, write, changed, _upload_target)
     return app
 
 

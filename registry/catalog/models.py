@@ -88,3 +88,24 @@ class VersionFileRow(Base):
     name: Mapped[str] = mapped_column(String(255))
     digest: Mapped[str] = mapped_column(String(71))
     size: Mapped[int] = mapped_column(BigInteger)
+
+
+class ExportRow(Base):
+    """An export of a version (ONNX, pt2, TorchScript): a blob plus the parameters it was made
+    with. ``key`` (sha256 of the canonical parameters) makes the same request find it again."""
+
+    __tablename__ = "registry_exports"
+    __table_args__ = (
+        UniqueConstraint("version_id", "key", name="uq_registry_exports_version_key"),
+        Index("ix_registry_exports_digest", "digest"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("registry_versions.id", ondelete="CASCADE"), index=True)
+    format: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(64))
+    digest: Mapped[str] = mapped_column(String(71))
+    size: Mapped[int] = mapped_column(BigInteger)
+    record: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -99,11 +99,19 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     """Show a version: identity, tags, and where and how it was trained."""
     from ..display import version_table
 
-    mv = open_registry(ctx).show(ref)
+    reg = open_registry(ctx)
+    mv = reg.show(ref)
+    exports = reg.list_exports(mv.ref)
     if as_json:
-        emit_json(mv.to_dict())
+        # ModelVersion fields, plus "exports" when the version has any.
+        emit_json({**mv.to_dict(), **({"exports": [a.to_dict() for a in exports]}
+                                      if exports else {})})
     else:
         click.echo(version_table(mv))
+        if exports:
+            from .exports import exports_table
+
+            click.echo(exports_table(exports))
 
 
 @click.command()

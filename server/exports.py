@@ -1,0 +1,58 @@
+"""Export routes: a client exports and verifies an artifact, then registers it here.
+
+``POST /models/{name}/versions/{n}/exports`` with ``{"record": {...}}`` answers
+``{"export": null, "uploads": [target]}`` while the store lacks the blob (the client uploads by
+presigned URL or through ``PUT /blobs/{digest}`` and posts again), then
+``{"export": record, "uploads": []}`` once it is recorded. ``GET`` on the same path lists them;
+blobs download like weights (``/blobs/{digest}/link``, ``/blobs/{digest}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+
+from registry.backends import LocalBackend
+from registry.exports import local as exports
+from registry.exports import records
+from registry.files import VersionFile
+from registry.manifest import blob_key
+from registry.refs import validate_name, validate_version
+from registry.wire import API, EXPORTS_ROUTE
+
+
+class ExportRegistration(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    record: dict[str, Any]
+
+
+def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
+                      changed: Callable[[], None],
+                      upload_target: Callable[[LocalBackend, VersionFile], dict[str, Any]]
+                      ) -> None:
+    path = API + EXPORTS_ROUTE
+
+    @app.get(path, tags=["exports"])
+    def list_exports(name: str, version: str, _caller: str = read) -> dict[str, Any]:
+        """The exports of a version (format, parameters, digest, size, max_abs_diff)."""
+        return {"exports": exports.list_exports(local, validate_name(name),
+                                                validate_version(version))}
+
+    @app.post(path, tags=["exports"])
+    def register_export(name: str, version: str, body: ExportRegistration,
+                        _caller: str = write) -> dict[str, Any]:
+        """Record an export the client made and verified; asks for the blob first if the
+        store lacks it."""
+        name, number = validate_name(name), validate_version(version)
+        record = records.check(body.record, f"export request for {name}:v{number}")
+        exports.list_exports(local, name, number)  # NotFoundError for an unknown version
+        if local.store.has(blob_key(record["digest"])) != record["size"]:
+            file = VersionFile("export", record["format"], record["digest"], record["size"])
+            return {"export": None, "uploads": [upload_target(local, file)]}
+        kept = exports.register(local, name, number, record)
+        changed()
+        return {"export": kept, "uploads": []}
