@@ -19,7 +19,8 @@ from .client import ModelInput, Registry
 from .devices import DeviceRequest, DtypeRequest
 from .exports import Artifact, ExportFormat
 from .manifest import ModelVersion
-from .materialize import DeviceMap, ModelSpec
+from .materialize import ModelSpec
+from .placement import DeviceMap, NoSplit
 from .refs import Ref
 from .settings import Settings
 
@@ -50,10 +51,12 @@ def push(model: ModelInput, name: str, *, tags: Mapping[str, str] | None = None,
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
          model: ModelSpec = None, device_map: DeviceMap = None,
-         max_memory: Mapping[str, int | str] | None = None) -> nn.Module:
+         max_memory: Mapping[str, int | str] | None = None, no_split: NoSplit = None,
+         align_inputs: bool = False) -> nn.Module:
     """Materialize ``ref`` as a module; see :meth:`Registry.pull`."""
     return default_registry().pull(ref, device=device, dtype=dtype, model=model,
-                                   device_map=device_map, max_memory=max_memory)
+                                   device_map=device_map, max_memory=max_memory,
+                                   no_split=no_split, align_inputs=align_inputs)
 
 
 def pull_state_dict(ref: str | Ref, *, device: DeviceRequest = "auto",

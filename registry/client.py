@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from torch import nn
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
+from . import placement
 from .backends import Backend, GcReport, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
@@ -24,6 +24,7 @@ from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .parallel import as_ready
+from .placement import DeviceMap, NoSplit
 from .refs import (
     Ref,
     parse,
@@ -171,10 +172,17 @@ class Registry:
         device: dev.DeviceRequest = "auto",
         dtype: dev.DtypeRequest = "auto",
         model: mat.ModelSpec = None,
-        device_map: mat.DeviceMap = None,
+        device_map: DeviceMap = None,
         max_memory: Mapping[str, int | str] | None = None,
+        no_split: NoSplit = None,
+        align_inputs: bool = False,
     ) -> nn.Module:
-        """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode."""
+        """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode.
+
+        ``device_map="auto"`` keeps tied weights and ``no_split`` blocks (default: the model's
+        ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
+        to the module's device and dtype and returns outputs where the inputs came from.
+        """
         record = _checked(self._backend.resolve(parse(ref)))
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
@@ -187,12 +195,12 @@ class Registry:
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
         mat.check_fits(module, stored_shapes, ref_text)
         policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
-        placement, units = self._placement(manifest, module, device, device_map, max_memory,
-                                           requested, facts)
-        state = self._read(record, placement, policy, tied)
-        mat.fill_module(module, state, tied, placement)
-        if units is not None and len(set(units.values())) > 1:
-            mat.add_device_alignment(module, units)
+        placed = placement.plan(module, manifest, device=device, device_map=device_map,
+                                max_memory=max_memory, no_split=no_split, dtype=requested,
+                                facts=facts)
+        state = self._read(record, placed.device_of, policy, tied)
+        mat.fill_module(module, state, tied, placed.device_of)
+        placement.install_hooks(module, placed, align_inputs=align_inputs)
         module.registry_ref = ref_text  # type: ignore[assignment]
         return module
 
@@ -208,7 +216,7 @@ class Registry:
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
-        target = dev.resolve_device(device, _bytes_needed(manifest, requested), facts)
+        target = dev.resolve_device(device, placement.bytes_needed(manifest, requested), facts)
         if requested is not None:
             dev.check_dtype_runs(requested, target)
         policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
@@ -233,51 +241,6 @@ class Registry:
         for alias, kept in tied.items():
             out[alias] = out[kept]
         return out
-
-    def _placement(
-        self,
-        manifest: dict[str, Any],
-        module: nn.Module,
-        device: dev.DeviceRequest,
-        device_map: mat.DeviceMap,
-        max_memory: Mapping[str, int | str] | None,
-        requested: torch.dtype | None,
-        facts: dev.TorchFacts,
-    ) -> tuple[Any, dict[str, torch.device] | None]:
-        needed = _bytes_needed(manifest, requested)
-        if device_map is None:
-            if max_memory is not None:
-                raise SettingsError("max_memory only applies with device_map='auto'")
-            target = dev.resolve_device(device, needed, facts)
-            if requested is not None:
-                dev.check_dtype_runs(requested, target)
-            return (lambda _key: target), None
-        if device != "auto":
-            raise SettingsError("pass either device= or device_map=, not both")
-        if device_map == "auto":
-            sizes = {k: _nbytes(v) for k, v in manifest["tensors"].items()}
-            plan: Mapping[str, dev.DeviceRequest] = mat.auto_device_map(
-                module, sizes, max_memory, facts)
-        elif isinstance(device_map, Mapping):
-            if max_memory is not None:
-                raise SettingsError("max_memory only applies with device_map='auto'")
-            plan = device_map
-        else:
-            raise SettingsError(f"invalid device_map {device_map!r}: use 'auto' or a dict of "
-                                "module prefix -> device")
-        keys = [k for k, _ in (*module.named_parameters(remove_duplicate=False),
-                               *module.named_buffers(remove_duplicate=False))]
-        resolved = mat.placement_from_map(plan, keys, needed, facts)
-        if requested is not None:
-            for target in set(resolved.values()):
-                dev.check_dtype_runs(requested, target)
-
-        def place(key: str) -> torch.device:
-            prefix = dev.longest_prefix(key, resolved)
-            assert prefix is not None
-            return resolved[prefix]
-
-        return place, resolved
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -391,19 +354,6 @@ def _checked(record: VersionRecord) -> VersionRecord:
             f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
             "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
     return record
-
-
-def _nbytes(spec: Mapping[str, Any], dtype: torch.dtype | None = None) -> int:
-    """Bytes of a manifest tensor spec, stored or (with ``dtype``) once cast."""
-    stored: torch.dtype = getattr(torch, spec["dtype"])
-    target = dtype if dtype is not None and stored.is_floating_point else stored
-    return math.prod(spec["shape"]) * target.itemsize
-
-
-def _bytes_needed(manifest: dict[str, Any], requested: torch.dtype | None) -> int:
-    if requested is None:
-        return int(manifest["source"]["size_bytes"])
-    return sum(_nbytes(spec, requested) for spec in manifest["tensors"].values())
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

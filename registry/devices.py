@@ -7,13 +7,11 @@ the whole device and dtype policy is tested without a GPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DeviceUnavailableError, DtypeError, SettingsError, quoted
-from .settings import parse_size
+from .errors import DeviceUnavailableError, DtypeError, quoted
 
 DeviceRequest = str | int | torch.device
 DtypeRequest = str | torch.dtype
@@ -203,64 +201,3 @@ def check_dtype_runs(dtype: torch.dtype, device: torch.device) -> None:
     """Refuse an explicit dtype the device cannot hold at all."""
     if device.type == "mps" and dtype == torch.float64:
         raise DtypeError("dtype float64 is not supported on mps; use dtype='float32' or 'auto'")
-
-
-# -- device maps ------------------------------------------------------------------------------
-
-def parse_memory(value: int | str) -> int:
-    """``"10GiB"``, ``"512MB"`` or an int -> bytes."""
-    try:
-        return parse_size(value, "max_memory")
-    except SettingsError:
-        raise DeviceUnavailableError(
-            f"invalid memory size {str(value)[:40]!r} in max_memory: use bytes or a string such "
-            "as '10GiB'"
-        ) from None
-
-
-def plan_device_map(
-    units: Sequence[tuple[str, int]],
-    max_memory: Mapping[str, int],
-) -> dict[str, str]:
-    """Place each unit (a module's own tensors, in model order) on the first device with room.
-
-    ``max_memory`` is ordered: GPUs first, then the CPU. A unit never splits; one that fits
-    nowhere raises :class:`DeviceUnavailableError`. Pure: sizes in, placement out.
-    """
-    order = list(max_memory)
-    left = dict(max_memory)
-    placement: dict[str, str] = {}
-    position = 0
-    for name, size in units:
-        while position < len(order) and left[order[position]] < size:
-            position += 1  # fill devices in order: once we move on, we never go back
-        if position == len(order):
-            budget = ", ".join(f"{d}={_gib(b)}" for d, b in max_memory.items())
-            raise DeviceUnavailableError(
-                f"module {name or '<root>'!r} needs {_gib(size)} and no device has that much left "
-                f"(max_memory: {budget}); raise max_memory or add a device"
-            )
-        device = order[position]
-        left[device] -= size
-        placement[name] = device
-    return placement
-
-
-def default_max_memory(facts: TorchFacts) -> dict[str, int]:
-    budget: dict[str, int] = {
-        f"cuda:{d.index}": int(d.free_bytes * AUTO_FIT_FRACTION) for d in facts.cuda
-    }
-    if facts.mps:
-        budget["mps"] = int((facts.cpu_bytes or 0) * AUTO_FIT_FRACTION)
-    budget["cpu"] = facts.cpu_bytes if facts.cpu_bytes is not None else 2**62
-    return budget
-
-
-def longest_prefix(key: str, prefixes: Mapping[str, object]) -> str | None:
-    """The longest module-name prefix of ``key`` in ``prefixes`` (``""`` matches everything)."""
-    parts = key.split(".")
-    for end in range(len(parts), -1, -1):
-        candidate = ".".join(parts[:end])
-        if candidate in prefixes:
-            return candidate
-    return None

@@ -17,15 +17,10 @@ import torch
 from torch import nn
 
 from . import devices as dev
-from .errors import (
-    ArchitectureUnknownError,
-    DeviceUnavailableError,
-    StateDictMismatchError,
-)
+from .errors import ArchitectureUnknownError, StateDictMismatchError
 from .factories import resolve_factory
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
-DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
 
 _MISMATCH_SHOWN = 5
 
@@ -241,83 +236,3 @@ def _tie(module: nn.Module, alias: str, kept: str) -> None:
         target._parameters[a_attr] = source._parameters[k_attr]
     elif k_attr in source._buffers and a_attr in target._buffers:
         target._buffers[a_attr] = source._buffers[k_attr]
-
-
-# -- placement --------------------------------------------------------------------------------
-
-def placement_from_map(
-    device_map: Mapping[str, dev.DeviceRequest],
-    keys: list[str],
-    model_bytes: int,
-    facts: dev.TorchFacts,
-) -> dict[str, torch.device]:
-    """Resolve every device named in a device map and check every key has a home."""
-    resolved: dict[str, torch.device] = {}
-    for prefix, request in device_map.items():
-        # Memory is checked per plan, not per device: pass 0 so a GPU is not refused for the whole.
-        resolved[prefix] = dev.resolve_device(request, 0, facts) if request != "auto" else \
-            dev.resolve_device("auto", model_bytes, facts)
-    homeless = [k for k in keys if dev.longest_prefix(k, resolved) is None]
-    if homeless:
-        raise DeviceUnavailableError(
-            f"device_map places no prefix of {homeless[0]!r}"
-            + (f" (and {len(homeless) - 1} more keys)" if len(homeless) > 1 else "")
-            + "; add a default entry such as '': 'cpu'"
-        )
-    return resolved
-
-
-def auto_device_map(
-    module: nn.Module,
-    sizes: Mapping[str, int],
-    max_memory: Mapping[str, int | str] | None,
-    facts: dev.TorchFacts,
-) -> dict[str, str]:
-    """Plan ``device_map="auto"``: each module's own tensors are one unit, in model order."""
-    budget = dev.default_max_memory(facts) if max_memory is None else {
-        _canonical_device(k, facts): dev.parse_memory(v) for k, v in max_memory.items()
-    }
-    ordered = dict(sorted(budget.items(), key=lambda kv: _device_rank(kv[0])))
-    units: list[tuple[str, int]] = []
-    for name, sub in module.named_modules():
-        own = [f"{name}.{t}" if name else t for t, _ in
-               (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False))]
-        size = sum(sizes.get(k, 0) for k in own)
-        if own:
-            units.append((name, size))
-    return dev.plan_device_map(units, ordered)
-
-
-def _canonical_device(name: str, facts: dev.TorchFacts) -> str:
-    device = dev.resolve_device(name, 0, facts)
-    return f"cuda:{device.index}" if device.type == "cuda" else device.type
-
-
-def _device_rank(name: str) -> tuple[int, int]:
-    if name.startswith("cuda"):
-        return (0, int(name.partition(":")[2] or 0))
-    return (1, 0) if name == "mps" else (2, 0)
-
-
-def add_device_alignment(module: nn.Module, placement: Mapping[str, torch.device]) -> None:
-    """Move a submodule's tensor inputs to its device before it runs, so a split model runs."""
-    for name, device in placement.items():
-        sub = module.get_submodule(name) if name else module
-
-        def align(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  device: torch.device = device) -> tuple[tuple[Any, ...], dict[str, Any]]:
-            return _to_device(args, device), _to_device(kwargs, device)
-
-        sub.register_forward_pre_hook(align, with_kwargs=True)
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return tuple(_to_device(v, device) for v in value)
-    if isinstance(value, list):
-        return [_to_device(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    return value

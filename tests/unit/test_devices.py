@@ -11,10 +11,7 @@ from registry.devices import (
     TorchFacts,
     auto_dtype,
     check_dtype_runs,
-    longest_prefix,
     parse_dtype,
-    parse_memory,
-    plan_device_map,
     resolve_device,
 )
 from tests.helpers import fake_devices
@@ -134,45 +131,3 @@ def test_float64_cannot_be_forced_onto_mps() -> None:
     with pytest.raises(DtypeError, match="float64 is not supported on mps"):
         check_dtype_runs(torch.float64, torch.device("mps"))
     check_dtype_runs(torch.float64, torch.device("cpu"))
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("10GiB", 10 * GiB), ("512MB", 512 * 10**6), ("1.5 GiB", int(1.5 * GiB)), (123, 123),
-     ("7", 7), ("2kib", 2048)],
-)
-def test_parse_memory(value: object, expected: int) -> None:
-    assert parse_memory(value) == expected  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("bad", ["ten", "-1GiB", -5, "1PB"])
-def test_parse_memory_refuses(bad: object) -> None:
-    with pytest.raises(DeviceUnavailableError, match="max_memory"):
-        parse_memory(bad)  # type: ignore[arg-type]
-
-
-def test_plan_fills_gpus_in_order_then_spills_to_cpu() -> None:
-    units = [("embed", 40), ("layers.0", 30), ("layers.1", 30), ("layers.2", 30), ("head", 40)]
-    plan = plan_device_map(units, {"cuda:0": 75, "cuda:1": 65, "cpu": 1000})
-    assert plan == {"embed": "cuda:0", "layers.0": "cuda:0", "layers.1": "cuda:1",
-                    "layers.2": "cuda:1", "head": "cpu"}
-
-
-def test_plan_never_splits_a_unit_and_never_goes_back() -> None:
-    # layers.1 does not fit the 10 bytes left on cuda:0; the small head after it does not return
-    # there either, so placement stays in model order.
-    plan = plan_device_map([("a", 90), ("b", 20), ("c", 5)], {"cuda:0": 100, "cpu": 100})
-    assert plan == {"a": "cuda:0", "b": "cpu", "c": "cpu"}
-
-
-def test_plan_refuses_a_unit_that_fits_nowhere() -> None:
-    with pytest.raises(DeviceUnavailableError, match="'big' needs"):
-        plan_device_map([("big", 500)], {"cuda:0": 100, "cpu": 200})
-
-
-def test_longest_prefix_matches_whole_module_names() -> None:
-    table = {"": 0, "encoder": 1, "encoder.layers.1": 2}
-    assert longest_prefix("encoder.layers.1.weight", table) == "encoder.layers.1"
-    assert longest_prefix("encoder.layers.10.weight", table) == "encoder"
-    assert longest_prefix("encoderx.weight", table) == ""
-    assert longest_prefix("decoder.weight", {"encoder": 1}) is None
