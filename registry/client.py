@@ -33,6 +33,7 @@ from .refs import (
     validate_version,
 )
 from .settings import Settings, parse_size
+from .statedict import ordered_state
 from .store import ObjectStore
 from .weights import load_shard, write_shards
 
@@ -150,6 +151,8 @@ class Registry:
                     "extras": weights.extras,
                     "architecture": architecture,
                     "source": weights.source,
+                    "module_metadata": weights.module_metadata,
+                    "key_order": weights.key_order,
                     "tags": tag_map,
                 }
 
@@ -178,9 +181,10 @@ class Registry:
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
         ref_text = f"{record.name}:v{record.version}"
-        module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, ref_text)
         tied = dict(manifest["source"].get("tied", {}))
+        module = mat.build_module(model, manifest.get("architecture", {}),
+                                  self.settings.trusted_factories, ref_text,
+                                  stored={*manifest["tensors"], *tied})
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
         mat.check_fits(module, stored_shapes, ref_text)
@@ -188,7 +192,7 @@ class Registry:
         placement, units = self._placement(manifest, module, device, device_map, max_memory,
                                            requested, facts)
         state = self._read(record, placement, policy, tied)
-        mat.fill_module(module, state, tied, placement)
+        mat.fill_module(module, ordered_state(state, manifest), tied, placement)
         if units is not None and len(set(units.values())) > 1:
             mat.add_device_alignment(module, units)
         module.registry_ref = ref_text  # type: ignore[assignment]
@@ -213,7 +217,7 @@ class Registry:
         tied = dict(manifest["source"].get("tied", {}))
         state: dict[str, Any] = self._read(record, lambda _k: target, policy, tied)
         state.update(manifest.get("extras", {}))
-        return state
+        return ordered_state(state, manifest)
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
               tied: dict[str, str]) -> dict[str, torch.Tensor]:
