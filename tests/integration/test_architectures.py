@@ -90,3 +90,41 @@ def test_architecture_round_trips(kind: str, name: str, tmp_path: Path) -> None:
     finally:
         reg.close()
         shutil.rmtree(tmp_path / "home", ignore_errors=True)
+
+
+def _tiny_transformers() -> dict[str, Callable[[], nn.Module]]:
+    import transformers as tf
+
+    small = {"vocab_size": 100}
+    return {
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, **small)),
+        "bert": lambda: tf.BertModel(tf.BertConfig(num_hidden_layers=2, hidden_size=32,
+                                                   num_attention_heads=2, intermediate_size=64,
+                                                   **small)),
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=64, **small)),
+    }
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_transformers_config_round_trips(name: str, tmp_path: Path) -> None:
+    build = _tiny_transformers()[name]
+    torch.manual_seed(0)
+    model = build().eval()
+    ids = torch.randint(0, 100, (1, 12))
+    reg = Registry(home=tmp_path / "home")
+    try:
+        reg.push(model, "m")
+        expected = model.state_dict()
+        assert list(reg.pull_state_dict("m", device="cpu")) == list(expected)
+        pulled = reg.pull("m", device="cpu", model=build)
+        got = pulled.state_dict()
+        for key, value in expected.items():
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+        with torch.no_grad():
+            torch.testing.assert_close(pulled(ids, use_cache=False)[0] if name != "bert"
+                                       else pulled(ids)[0], model(ids)[0])
+    finally:
+        reg.close()
+        shutil.rmtree(tmp_path / "home", ignore_errors=True)
