@@ -20,6 +20,7 @@ import torch
 
 from .devices import device_sort_key
 from .errors import CheckpointError, UnsafeCheckpointError
+from .statedict import ModuleMetadata, clean_module_metadata, module_metadata_of
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -37,6 +38,8 @@ class Checkpoint:
     nested_key: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     shards: int = 1  # weights files read (a sharded checkpoint directory has several)
+    # The ``_metadata`` versions torch.save kept on the state dict (prefix -> {"version": N}).
+    module_metadata: ModuleMetadata = field(default_factory=dict)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -89,10 +92,37 @@ def _read_safetensors(path: Path) -> Checkpoint:
     try:
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             metadata = dict(fh.metadata() or {})
-            tensors = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118
+            order = registry_key_order(metadata, fh.keys())
+            tensors = {key: fh.get_tensor(key) for key in order}
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {exc}") from None
-    return Checkpoint(tensors, "safetensors", metadata=metadata)
+    return Checkpoint(tensors, "safetensors", metadata=metadata,
+                      module_metadata=registry_module_metadata(metadata))
+
+
+# A file written by ``registry pull -o`` records the pushed key order and module versions in
+# its ``__metadata__`` (whose values must be strings), so pushing it again loses neither.
+KEY_ORDER_FIELD = "registry.key_order"
+MODULE_METADATA_FIELD = "registry.module_metadata"
+
+
+def registry_key_order(metadata: Mapping[str, str], keys: list[str]) -> list[str]:
+    """``keys`` in the order a registry-written file records, else as the file lists them."""
+    try:
+        order = json.loads(metadata.get(KEY_ORDER_FIELD, "null"))
+    except ValueError:
+        order = None
+    if isinstance(order, list) and len(order) == len(keys) and set(order) == set(keys):
+        return order
+    return list(keys)
+
+
+def registry_module_metadata(metadata: Mapping[str, str]) -> ModuleMetadata:
+    try:
+        recorded = json.loads(metadata.get(MODULE_METADATA_FIELD, "null"))
+    except ValueError:
+        return {}
+    return clean_module_metadata(recorded)
 
 
 def _read_pickle(path: Path) -> Checkpoint:
@@ -127,9 +157,10 @@ def _read_pickle(path: Path) -> Checkpoint:
             f"torch.save): {lines[0][:200] if lines else type(exc).__name__}"
         ) from None
     state_dict, nested_key = _find_state_dict(obj, path)
+    found = obj[nested_key] if nested_key else obj
     return Checkpoint(
         state_dict, "torch-pickle", devices=sorted(locations, key=device_sort_key),
-        nested_key=nested_key,
+        nested_key=nested_key, module_metadata=module_metadata_of(found),
     )
 
 
@@ -203,6 +234,7 @@ def read_checkpoint_dir(directory: Path) -> Checkpoint:
     state: dict[str, Any] = {}
     devices: set[str] = set()
     formats: set[str] = set()
+    metadata: ModuleMetadata = {}
     for shard in shards:
         if not shard.is_file():
             raise CheckpointError(f"shard {shard.name!r} listed in the index of "
@@ -215,8 +247,10 @@ def read_checkpoint_dir(directory: Path) -> Checkpoint:
         state.update(part.state_dict)
         devices.update(part.devices)
         formats.add(part.format)
+        metadata.update(part.module_metadata)
     return Checkpoint(state, "+".join(sorted(formats)),
-                      devices=sorted(devices, key=device_sort_key), shards=len(shards))
+                      devices=sorted(devices, key=device_sort_key), shards=len(shards),
+                      module_metadata=metadata)
 
 
 def _index_shards(index: Path) -> list[str]:

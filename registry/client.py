@@ -36,6 +36,7 @@ from .refs import (
     validate_version,
 )
 from .settings import Settings, parse_size
+from .statedict import ordered_state
 from .store import ObjectStore
 from .weights import load_shard, write_shards
 
@@ -153,6 +154,8 @@ class Registry:
                     "extras": weights.extras,
                     "architecture": architecture,
                     "source": weights.source,
+                    "module_metadata": weights.module_metadata,
+                    "key_order": weights.key_order,
                     "tags": tag_map,
                 }
 
@@ -188,9 +191,10 @@ class Registry:
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
         ref_text = f"{record.name}:v{record.version}"
-        module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, ref_text)
         tied = dict(manifest["source"].get("tied", {}))
+        module = mat.build_module(model, manifest.get("architecture", {}),
+                                  self.settings.trusted_factories, ref_text,
+                                  stored={*manifest["tensors"], *tied})
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
         mat.check_fits(module, stored_shapes, ref_text)
@@ -199,7 +203,7 @@ class Registry:
                                 max_memory=max_memory, no_split=no_split, dtype=requested,
                                 facts=facts)
         state = self._read(record, placed.device_of, policy, tied)
-        mat.fill_module(module, state, tied, placed.device_of)
+        mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
         module.registry_ref = ref_text  # type: ignore[assignment]
         return module
@@ -223,7 +227,7 @@ class Registry:
         tied = dict(manifest["source"].get("tied", {}))
         state: dict[str, Any] = self._read(record, lambda _k: target, policy, tied)
         state.update(manifest.get("extras", {}))
-        return state
+        return ordered_state(state, manifest)
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
               tied: dict[str, str]) -> dict[str, torch.Tensor]:

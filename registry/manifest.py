@@ -181,6 +181,9 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")
     _attachments(m.get("attachments", []), origin)
+    _module_metadata(m.get("module_metadata", {}), origin)
+    _key_order(m.get("key_order"), [tensors, m["source"].get("tied", {}), m.get("extras", {})],
+               origin)
     digest = _digest(m.get("digest"), "digest", origin)
     actual = version_digest([f["digest"] for f in files])
     if actual != digest:
@@ -242,6 +245,41 @@ def _attachments(value: object, origin: str) -> None:
         names.add(name)
         _digest(entry.get("digest"), f"attachments[{i}].digest", origin)
         _size(entry.get("size"), f"attachments[{i}].size", origin)
+
+
+def _module_metadata(value: object, origin: str) -> None:
+    """Optional ``{module prefix: {"version": N}}``: what ``state_dict()._metadata`` held."""
+    from .statedict import MAX_VERSION
+
+    metadata = _obj(value, "module_metadata", origin)
+    if len(metadata) > MAX_TENSORS:
+        _fail(origin, "module_metadata", f"{len(metadata)} entries", f"at most {MAX_TENSORS}")
+    for prefix, entry in metadata.items():
+        if not isinstance(prefix, str) or len(prefix) > MAX_KEY_CHARS:
+            _fail(origin, "module_metadata", prefix,
+                  f"a module prefix of at most {MAX_KEY_CHARS} characters")
+        version = entry.get("version") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or set(entry) != {"version"} or not _is_int(version) \
+                or not 0 <= version <= MAX_VERSION:
+            _fail(origin, f"module_metadata[{prefix!r}]", entry,
+                  f'{{"version": N}} with N an integer from 0 to {MAX_VERSION}')
+
+
+def _key_order(value: object, parts: list[dict[str, Any]], origin: str) -> None:
+    """Optional list of every state-dict key (stored tensors, tied aliases, non-tensor
+    entries), each once, in the order they were pushed."""
+    if value is None:
+        return
+    expected = set().union(*parts)
+    if not isinstance(value, list) or len(value) != len(expected):
+        _fail(origin, "key_order", value,
+              f"a list of the {len(expected)} state-dict keys, each once, in pushed order")
+    seen: set[str] = set()
+    for key in value:
+        if not isinstance(key, str) or key not in expected or key in seen:
+            _fail(origin, "key_order", key,
+                  "a key stored, tied or kept as a non-tensor entry, listed once")
+        seen.add(key)
 
 
 def _no_constant(name: str) -> Any:

@@ -9,8 +9,9 @@ on the right device with the right dtype is not copied at all (the file's memory
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from .factories import resolve_factory
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 
 _MISMATCH_SHOWN = 5
+log = logging.getLogger(__name__)
 
 
 # -- which dtype each tensor gets -------------------------------------------------------------
@@ -90,8 +92,14 @@ def build_module(
     architecture: Mapping[str, Any],
     trusted_prefixes: tuple[str, ...],
     ref: str,
+    stored: Collection[str] | None = None,
 ) -> nn.Module:
-    """The module to fill: ``model=``, else the factory recorded at push."""
+    """The module to fill: ``model=``, else the factory recorded at push.
+
+    A callable or factory is built with its parameters on ``meta``; where that raises, or
+    leaves on ``meta`` a tensor that ``stored`` (the keys the weights fill) lacks, the module
+    is built again normally on the CPU (see :func:`build_on_meta_or_cpu`).
+    """
     if isinstance(model, nn.Module):
         return model
     if model is not None:
@@ -100,9 +108,7 @@ def build_module(
                 f"model= must be an nn.Module or a zero-argument callable, got "
                 f"{type(model).__name__}"
             )
-        with empty_parameters():
-            built = model()
-        return _checked_module(built, repr(model))
+        return build_on_meta_or_cpu(model, repr(model), stored)
     factory = architecture.get("factory")
     if not factory:
         recorded = architecture.get("class")
@@ -112,9 +118,43 @@ def build_module(
             "zero-argument callable, or use pull_state_dict() for the weights alone"
         )
     target = _import_factory(factory, trusted_prefixes)
-    with empty_parameters():
-        built = target(**dict(architecture.get("factory_kwargs") or {}))
-    return _checked_module(built, factory)
+    kwargs = dict(architecture.get("factory_kwargs") or {})
+    return build_on_meta_or_cpu(lambda: target(**kwargs), factory, stored)
+
+
+def build_on_meta_or_cpu(make: Callable[[], object], origin: str,
+                         stored: Collection[str] | None) -> nn.Module:
+    """``make()`` with its parameters on ``meta`` when that builds the same module, else a
+    normal CPU build: correct first, then one copy where possible.
+
+    Some constructors cannot run on ``meta`` (a forward pass while building, a buffer computed
+    from parameters, a copy out of a parameter): they raise, or leave a buffer on ``meta``
+    that no stored tensor replaces. Random initialisation then costs time, and the loaded
+    weights replace the initial ones by assignment, which frees them.
+    """
+    try:
+        with empty_parameters():
+            module = _checked_module(make(), origin)
+    except ArchitectureUnknownError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure on meta is retried the normal way
+        log.debug("building %s with parameters on meta failed (%s: %s); building it on the "
+                  "CPU instead", origin, type(exc).__name__, str(exc)[:200])
+        return _checked_module(make(), origin)
+    unfilled = [] if stored is None else unfilled_meta_tensors(module, stored)
+    if unfilled:
+        log.debug("building %s with parameters on meta left %s on meta, which the stored "
+                  "weights do not fill; building it on the CPU instead", origin,
+                  ", ".join(unfilled[:_MISMATCH_SHOWN]))
+        return _checked_module(make(), origin)
+    return module
+
+
+def unfilled_meta_tensors(module: nn.Module, stored: Collection[str]) -> list[str]:
+    """Parameters and buffers of ``module`` on ``meta`` that no key in ``stored`` fills."""
+    return [name for name, t in (*module.named_parameters(remove_duplicate=False),
+                                 *module.named_buffers(remove_duplicate=False))
+            if t.is_meta and name not in stored]
 
 
 def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:

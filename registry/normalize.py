@@ -12,7 +12,7 @@ import json
 import os
 import platform
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from torch import nn
 from .checkpoints import read_checkpoint
 from .devices import device_sort_key
 from .errors import NormalizationError
+from .statedict import ModuleMetadata, module_metadata_of, rename_prefixes
 
 # Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
 _WRAPPER_ATTRS = (
@@ -49,6 +50,9 @@ class NormalizedWeights:
     extras: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     architecture: dict[str, Any] = field(default_factory=dict)
+    # Each module's state-dict version (prefix -> {"version": N}) and every key in pushed order.
+    module_metadata: ModuleMetadata = field(default_factory=dict)
+    key_order: list[str] = field(default_factory=list)
 
 
 def normalize(
@@ -66,16 +70,18 @@ def normalize(
         inner, wrapping = unwrap(model)
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
         declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
-        raw = _module_state_dict(inner)
+        raw, metadata = _module_state_dict(inner)
         source["input"] = "module"
         params = sum(p.numel() for p in {id(p): p for p in inner.parameters()}.values())
     elif isinstance(model, Mapping):
         raw = dict(model)
+        metadata = module_metadata_of(model)
         source["input"] = "state_dict"
         params = None
     elif isinstance(model, (str, os.PathLike)):
         checkpoint = read_checkpoint(model)
         raw = checkpoint.state_dict
+        metadata = checkpoint.module_metadata
         source["input"] = "checkpoint"
         source["checkpoint"] = {
             "file": os.path.basename(os.path.normpath(os.fspath(model))),
@@ -92,8 +98,9 @@ def normalize(
 
     # A module's wrappers were peeled off as objects, so its keys are exact: a leading "module."
     # there is a submodule really called "module", not a DataParallel prefix to guess at.
-    renamed, prefix_wrapping = _strip_wrapper_keys(raw, guess_data_parallel=not isinstance(
-        model, nn.Module))
+    guess = not isinstance(model, nn.Module)
+    renamed, prefix_wrapping = _strip_wrapper_keys(raw, guess_data_parallel=guess)
+    metadata = _strip_metadata(metadata, _leading_module_parts(raw) if guess else 0)
     for name in prefix_wrapping:
         if name not in wrapping and not (name == _DATA_PARALLEL and _is_data_parallel(wrapping)):
             wrapping.append(name)
@@ -132,7 +139,7 @@ def normalize(
         torch_version=torch.__version__,
         python_version=platform.python_version(),
     )
-    return NormalizedWeights(kept, tied, extras, source, architecture)
+    return NormalizedWeights(kept, tied, extras, source, architecture, metadata, list(renamed))
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
@@ -183,8 +190,9 @@ def _is_data_parallel(wrapping: list[str]) -> bool:
     return any(w in ("DataParallel", "DistributedDataParallel") for w in wrapping)
 
 
-def _module_state_dict(module: nn.Module) -> dict[str, Any]:
+def _module_state_dict(module: nn.Module) -> tuple[dict[str, Any], ModuleMetadata]:
     state = module.state_dict()
+    metadata = module_metadata_of(state)
     # DataParallel/DDP nested inside the model add a "module." component at their own path.
     for path, sub in module.named_modules():
         if path and isinstance(sub, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
@@ -193,7 +201,42 @@ def _module_state_dict(module: nn.Module) -> dict[str, Any]:
                 (outer_prefix + k[len(inner_prefix):] if k.startswith(inner_prefix) else k): v
                 for k, v in state.items()
             }
-    return dict(state)
+            metadata = rename_prefixes(metadata, _nested_rename(inner_prefix, outer_prefix))
+    return dict(state), metadata
+
+
+def _nested_rename(inner: str, outer: str) -> Callable[[str], str]:
+    def rename(prefix: str) -> str:
+        if (prefix + ".").startswith(inner):
+            return (outer + prefix[len(inner):]).rstrip(".")
+        return prefix
+
+    return rename
+
+
+def _leading_module_parts(raw: Mapping[str, Any]) -> int:
+    """How many leading ``module.`` components every tensor key of a bare state dict has
+    (DataParallel/DDP prefixes, possibly repeated)."""
+    tensor_keys = [k for k, v in raw.items() if isinstance(k, str) and isinstance(v, torch.Tensor)]
+    leading = 0
+    while tensor_keys and all(
+        k.split(".")[leading] == "module" and k.count(".") > leading for k in tensor_keys
+    ):
+        leading += 1
+    return leading
+
+
+def _strip_metadata(metadata: ModuleMetadata, leading: int) -> ModuleMetadata:
+    """Module prefixes renamed as their keys are: ``leading`` DataParallel components and
+    wrapper components stripped. A wrapper's own entry gives way to its inner module's."""
+
+    def rename(prefix: str) -> str | None:
+        parts = prefix.split(".") if prefix else []
+        if len(parts) < leading:
+            return None  # the DataParallel wrapper itself
+        return ".".join(p for p in parts[leading:] if p not in _ANYWHERE_PREFIXES)
+
+    return rename_prefixes(metadata, rename)
 
 
 def _strip_wrapper_keys(
@@ -203,12 +246,7 @@ def _strip_wrapper_keys(
     for key in raw:
         if not isinstance(key, str):
             raise NormalizationError(f"state dict key {key!r} is not a string")
-    tensor_keys = [k for k, v in raw.items() if isinstance(v, torch.Tensor)]
-    leading = 0
-    while guess_data_parallel and tensor_keys and all(
-        k.split(".")[leading] == "module" and k.count(".") > leading for k in tensor_keys
-    ):
-        leading += 1
+    leading = _leading_module_parts(raw) if guess_data_parallel else 0
     seen_order: list[str] = []
     renamed: dict[str, Any] = {}
     origin: dict[str, str] = {}

@@ -74,15 +74,17 @@ def file_order(tensors: Mapping[str, torch.Tensor]) -> list[str]:
 
 
 def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
-                      metadata: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """Write ``tensors`` (CPU, contiguous, no shared storage) as one aligned safetensors file.
+                      metadata: Mapping[str, str] | None = None,
+                      order: Sequence[str] | None = None) -> tuple[str, int]:
+    """Write ``tensors`` (CPU, contiguous) as one safetensors file, aligned unless ``order``
+    (the keys in the order their bytes follow each other) is given.
 
     Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
     """
     if sys.byteorder != "little":
         raise NormalizationError("safetensors files are little-endian; pushing from a "
                                  "big-endian machine is not supported")
-    order = file_order(tensors)
+    order = file_order(tensors) if order is None else list(order)
     header: dict[str, object] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for key in order:

@@ -45,26 +45,27 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
               help="Where to write the weights (.safetensors).")
 @click.pass_context
 def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str) -> None:
-    """Write the weights of REF to a safetensors file, cast as --device/--dtype would load them."""
+    """Write the weights of REF to a safetensors file, cast as --device/--dtype would load them.
+
+    The tensors follow each other in the pushed state dict's order (``offset_keys()``), which
+    the file's metadata also records, with each module's version, for a push of it."""
     import torch
-    from safetensors.torch import save_file
+
+    from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
+    from ..weights import write_safetensors
 
     reg = open_registry(ctx)
     mv = reg.show(ref)
     state = reg.pull_state_dict(mv.ref, device=device, dtype=dtype)
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            # safetensors refuses shared storage: tied aliases are written as their own copies.
-            ptr = value.untyped_storage().data_ptr() if value.numel() else -1
-            tensors[key] = value.clone() if ptr in seen else value
-            seen.add(ptr)
+    tensors = {k: v.cpu() for k, v in state.items() if isinstance(v, torch.Tensor)}
     extras = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-    metadata = {"format": "pt", "registry.ref": mv.ref, "registry.digest": mv.digest}
+    metadata = {"registry.ref": mv.ref, "registry.digest": mv.digest,
+                KEY_ORDER_FIELD: json.dumps(list(tensors))}
+    if getattr(state, "_metadata", None):
+        metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:
         metadata["registry.extras"] = json.dumps(extras)
-    save_file({k: t.cpu() for k, t in tensors.items()}, output, metadata=metadata)
+    write_safetensors(tensors, output, metadata=metadata, order=list(tensors))
     click.echo(f"wrote {mv.ref} to {output}")
 
 

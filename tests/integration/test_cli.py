@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, safe_open
 
 from tests.helpers import MLP, clean_env, run_cli, save_as_if_on, trained_mlp
 
@@ -57,6 +57,9 @@ def test_push_show_ls_pull_tag_alias_rm_gc(env: dict[str, str], checkpoint: Path
     assert sorted(weights) == sorted(expected)
     assert weights["fc1.weight"].dtype == torch.float16
     assert torch.equal(weights["bn.num_batches_tracked"], expected["bn.num_batches_tracked"])
+    with safe_open(str(out), framework="pt") as fh:  # the bytes follow the model's key order
+        assert list(fh.offset_keys()) == list(expected)
+        assert json.loads(fh.metadata()["registry.module_metadata"])["bn"] == {"version": 2}
 
     assert "mlp@production -> mlp:v2" in run_cli("alias", "mlp", "production", "2", env=env,
                                                  check=True).stdout

@@ -376,3 +376,81 @@ def test_concurrent_pushes_on_sqlite_get_distinct_versions(home: Path) -> None:
     reg = Registry(home=home)
     assert [v.version for v in reg.list_versions("shared")] == list(range(1, 41))
     assert len({v.digest for v in reg.list_versions("shared")}) == 40
+
+
+# -- module metadata and key order come back (issue 18) ---------------------------------------
+
+class VersionSeeingNet(torch.nn.Module):
+    """An MLP whose BatchNorm writes down the version its loader is handed."""
+
+    seen: list[object] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+        self.bn = _SeeingBatchNorm(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.fc(x))
+
+
+class _SeeingBatchNorm(torch.nn.BatchNorm1d):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args):  # type: ignore[no-untyped-def]
+        VersionSeeingNet.seen.append(local_metadata.get("version"))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+
+@pytest.mark.parametrize("kind", ["module", "state_dict", "checkpoint"])
+def test_batchnorm_version_metadata_arrives_at_load_state_dict(reg: Registry, tmp_path: Path,
+                                                               kind: str) -> None:
+    model = VersionSeeingNet()
+    model.train()
+    model(torch.randn(8, 4))
+    model.eval()
+    pushed: object = {"module": model, "state_dict": model.state_dict()}.get(kind)
+    if kind == "checkpoint":
+        pushed = tmp_path / "net.pth"
+        torch.save(model.state_dict(), pushed)
+    mv = reg.push(pushed, "net", factory=VersionSeeingNet)  # type: ignore[arg-type]
+    assert mv.metadata["module_metadata"]["bn"] == {"version": 2}
+    VersionSeeingNet.seen.clear()
+    pulled = reg.pull("net", device="cpu")
+    assert VersionSeeingNet.seen == [2], "BatchNorm must see version 2, not the old-file path"
+    x = torch.randn(3, 4)
+    assert torch.equal(pulled(x), model(x))
+    VersionSeeingNet.seen.clear()
+    reg.pull("net", device="cpu", model=VersionSeeingNet)
+    assert VersionSeeingNet.seen == [2]
+
+
+def test_pull_state_dict_is_ordered_like_state_dict_with_its_metadata(reg: Registry) -> None:
+    from collections import OrderedDict
+
+    from tests.helpers import TiedLM
+
+    for model in (trained_mlp(), TiedLM()):
+        expected = model.state_dict()
+        reg.push(model, "m")
+        state = reg.pull_state_dict("m", device="cpu")
+        assert isinstance(state, OrderedDict)
+        assert list(state) == list(expected) != sorted(expected)
+        assert dict(state._metadata) == dict(expected._metadata)  # type: ignore[attr-defined]
+        for (key, value), (_, want) in zip(state.items(), expected.items(), strict=True):
+            assert torch.equal(value, want), key
+    # A plain state dict with extras keeps the order it was given in, extras included.
+    plain = {"z.weight": torch.ones(2), "epoch": 3, "a.weight": torch.zeros(2)}
+    reg.push(plain, "plain")
+    assert list(reg.pull_state_dict("plain", device="cpu")) == ["z.weight", "epoch", "a.weight"]
+
+
+def test_a_version_pushed_before_key_order_pulls_sorted(reg: Registry) -> None:
+    from tests.security.test_manifests import _edit_catalog, _manifest
+
+    reg.push(trained_mlp(), "m")
+    manifest = _manifest(reg, "m")
+    del manifest["key_order"], manifest["module_metadata"]
+    _edit_catalog(reg, "m", 1, manifest=json.dumps(manifest))
+    state = reg.pull_state_dict("m", device="cpu")
+    assert list(state) == sorted(trained_mlp().state_dict())
+    assert not hasattr(state, "_metadata")
+    reg.pull("m", model=MLP, device="cpu")

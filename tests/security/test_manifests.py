@@ -53,6 +53,8 @@ def test_a_manifest_that_lists_other_tensors_than_its_blob_is_refused(reg: Regis
     spec = manifest["tensors"].pop("fc1.weight")
     manifest["tensors"]["fc9.weight"] = spec
     manifest["files"][0]["tensors"] = sorted(manifest["tensors"])
+    manifest["key_order"] = ["fc9.weight" if k == "fc1.weight" else k
+                             for k in manifest["key_order"]]
     _edit_catalog(reg, "m", 1, manifest=json.dumps(manifest))
     with pytest.raises(ManifestError, match="holds other tensors than its manifest lists"):
         reg.pull_state_dict("m", device="cpu")
@@ -85,6 +87,18 @@ def _manifest_with_shape(manifest: dict[str, Any]) -> dict[str, Any]:
     (lambda m: m.update(attachments=[{"name": "../x", "digest": "sha256:" + "0" * 64,
                                       "size": 1}]), "invalid file name"),
     (lambda m: m.update(tags={"k": "v" * 10**6}), None),
+    (lambda m: m.update(module_metadata=[["bn", 2]]), "module_metadata is"),
+    (lambda m: m["module_metadata"].update(bn={"version": "2"}), "module_metadata\\['bn'\\]"),
+    (lambda m: m["module_metadata"].update(bn={"version": 2, "hook": "os:system"}),
+     "module_metadata\\['bn'\\]"),
+    (lambda m: m["module_metadata"].update(bn={"version": 2**40}), "from 0 to 2147483647"),
+    (lambda m: m["module_metadata"].update(bn={"version": True}), "module_metadata"),
+    (lambda m: m["module_metadata"].update({"x" * 5000: {"version": 1}}), "module prefix"),
+    (lambda m: m.update(key_order="fc1.weight"), "key_order is 'fc1.weight'"),
+    (lambda m: m["key_order"].pop(), "key_order is"),
+    (lambda m: m["key_order"].__setitem__(0, m["key_order"][1]), "listed once"),
+    (lambda m: m["key_order"].__setitem__(0, "evil.weight"), "key_order is 'evil.weight'"),
+    (lambda m: m["key_order"].__setitem__(0, {"$ref": 1}), "key_order"),
 ])
 def test_schema_faults_are_named_and_never_used(reg: Registry, breakage: Any,
                                                 message: str | None) -> None:

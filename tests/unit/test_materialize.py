@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from registry import StateDictMismatchError
-from registry.materialize import check_fits, empty_parameters
+from registry.materialize import build_module, check_fits, empty_parameters
 from tests.helpers import MLP
 
 
@@ -61,3 +62,65 @@ def test_check_fits_compares_shapes_from_manifest_specs() -> None:
     with pytest.raises(StateDictMismatchError, match=r"fc2.weight stored \(5, 16\) vs model "
                                                     r"\(3, 16\)"):
         check_fits(model, specs, "m:v1")
+
+
+# -- builds that cannot run on meta fall back to a CPU build (issue 18) -----------------------
+
+class RunsWhileBuilt(nn.Module):
+    """Runs a forward pass in its constructor, as torchvision's SSD heads do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out_features = self.fc(torch.zeros(1, 4)).tolist()
+
+
+class BufferFromParameter(nn.Module):
+    """A non-persistent buffer computed from a parameter: on meta it lands on meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("mask", torch.ones_like(self.fc.weight[0]), persistent=False)
+
+
+STORED = {"fc.weight", "fc.bias"}
+
+
+@pytest.mark.parametrize("cls", [RunsWhileBuilt, BufferFromParameter])
+@pytest.mark.parametrize("how", ["model", "factory"])
+def test_a_build_that_cannot_run_on_meta_is_built_on_the_cpu(
+        cls: type[nn.Module], how: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tests.unit.test_materialize as here
+
+    if how == "model":
+        args: tuple[object, ...] = (cls, {})
+    else:
+        args = (None, {"factory": f"{here.__name__}:{cls.__name__}"})
+    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+        module = build_module(*args, (here.__name__,), "m:v1", stored=STORED)  # type: ignore[arg-type]
+    assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+    assert "building it on the CPU" in caplog.text
+    assert cls.__name__ in caplog.text or "test_materialize" in caplog.text
+
+
+def test_a_meta_buffer_that_the_weights_fill_needs_no_cpu_build(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+        module = build_module(BufferFromParameter, {}, (), "m:v1",
+                              stored=STORED | {"mask"})
+    assert module.fc.weight.is_meta and module.mask.is_meta
+    assert "CPU" not in caplog.text
+    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+        built = build_module(MLP, {}, (), "m:v1", stored=set(MLP().state_dict()))
+    assert all(p.is_meta for p in built.parameters()), "a model that builds on meta stays there"
+    assert caplog.text == ""
+
+
+def test_a_build_that_fails_on_the_cpu_too_raises_its_own_error() -> None:
+    def broken() -> nn.Module:
+        raise TypeError("__init__() got an unexpected keyword argument 'widht'")
+
+    with pytest.raises(TypeError, match="widht"):
+        build_module(broken, {}, (), "m:v1", stored=STORED)

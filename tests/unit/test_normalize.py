@@ -244,3 +244,61 @@ def test_factory_string() -> None:
             factory_string(bad)
     with pytest.raises(NormalizationError, match="importable by name"):
         factory_string(lambda: MLP())
+
+
+# -- module metadata and key order (issue 18) -------------------------------------------------
+
+def _versions(model: nn.Module) -> dict[str, dict[str, int]]:
+    return {p: {"version": e["version"]} for p, e in model.state_dict()._metadata.items()}  # type: ignore[attr-defined]
+
+
+def test_module_input_keeps_each_modules_version_and_the_key_order() -> None:
+    model = trained_mlp()
+    w = normalize(model)
+    assert w.module_metadata == _versions(model)
+    assert w.module_metadata["bn"] == {"version": 2}  # BatchNorm's, read by its loader
+    assert w.key_order == list(model.state_dict())
+    assert w.key_order != sorted(w.key_order)
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda m: nn.DataParallel(m),
+    lambda m: nn.DataParallel(nn.DataParallel(m)),
+    lambda m: torch.compile(m),
+])
+def test_wrapper_metadata_gives_way_to_the_inner_modules(wrap) -> None:  # type: ignore[no-untyped-def]
+    model = trained_mlp()
+    wrapped = wrap(model)
+    expected = _versions(model)
+    assert normalize(wrapped).module_metadata == expected
+    # The same wrapper seen only through its state dict's keys and _metadata prefixes.
+    assert normalize(wrapped.state_dict()).module_metadata == expected
+    assert normalize(wrapped.state_dict()).key_order == list(model.state_dict())
+
+
+def test_data_parallel_nested_inside_a_model_is_renamed_in_metadata() -> None:
+    outer = nn.Sequential(nn.DataParallel(nn.BatchNorm1d(3)), nn.Linear(3, 2))
+    w = normalize(outer)
+    assert w.module_metadata["0"] == {"version": 2}  # the BatchNorm's, not DataParallel's
+    assert "0.module" not in w.module_metadata
+    assert set(w.tensors) == set(nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2)).state_dict())
+
+
+@pytest.mark.parametrize("nest", [None, "state_dict"])
+def test_checkpoint_input_keeps_the_metadata_torch_save_wrote(tmp_path: Path,
+                                                              nest: str | None) -> None:
+    model = trained_mlp()
+    path = tmp_path / "model.pth"
+    state = model.state_dict()
+    torch.save({nest: state, "epoch": 3} if nest else state, path)
+    w = normalize(path)
+    assert w.module_metadata == _versions(model)
+    assert w.key_order == list(state)
+
+
+def test_a_plain_dict_has_no_metadata_and_junk_metadata_is_dropped() -> None:
+    state = trained_mlp().state_dict()
+    assert normalize(dict(state)).module_metadata == {}
+    state._metadata = {"": {"version": "1"}, "bn": {"version": 2, "x": object()},  # type: ignore[attr-defined]
+                       "fc1": None, 3: {"version": 1}, "fc2": {"version": True}}
+    assert normalize(state).module_metadata == {"bn": {"version": 2}}
