@@ -14,10 +14,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import NotFoundError, RefError, VersionExistsError
-from ..files import VersionFile, version_files
+from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
+from . import rebuild
 from .db import ensure_schema, make_engine, mapped_errors
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
+from .rebuild import add_version_files
 from .records import VersionRecord
 
 _CLAIM_RETRIES = 5
@@ -93,7 +95,7 @@ class Catalog:
                                      created_at=_now())
                     s.add(row)
                     s.flush()
-                    _add_files(s, row.id, files)
+                    add_version_files(s, row.id, files)
                 return number
             except IntegrityError:
                 # Only reachable when the database does not serialize on the model row; the
@@ -295,53 +297,8 @@ class Catalog:
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
                 aliases: dict[str, dict[str, int]]) -> int:
         """Replace the catalog's contents with what the store holds (``registry db rebuild``)."""
-        count = 0
         with self._session() as s:
-            s.execute(delete(AliasRow))
-            s.execute(delete(VersionFileRow))
-            s.execute(delete(VersionRow))
-            s.execute(delete(ModelRow))
-            models: dict[str, ModelRow] = {}
-
-            def model_row(name: str) -> ModelRow:
-                if name not in models:
-                    models[name] = ModelRow(name=name, last_version=0, created_at=_now())
-                    s.add(models[name])
-                    s.flush()
-                return models[name]
-
-            for manifest in manifests:
-                model = model_row(manifest["name"])
-                model.last_version = max(model.last_version, manifest["version"])
-                row = VersionRow(
-                    model_id=model.id, version=manifest["version"], state=READY,
-                    digest=manifest["digest"], size_bytes=manifest["source"]["size_bytes"],
-                    manifest=json.dumps(manifest, sort_keys=True),
-                    tags=json.dumps(manifest.get("tags") or {}, sort_keys=True),
-                    created_at=datetime.fromisoformat(manifest["created_at"]))
-                s.add(row)
-                s.flush()
-                _add_files(s, row.id, version_files(manifest))
-                count += 1
-            s.flush()
-            for name, version in retired:
-                model = model_row(name)
-                model.last_version = max(model.last_version, version)
-                s.add(VersionRow(model_id=model.id, version=version, state=DELETED,
-                                 digest="", size_bytes=0, tags="{}", created_at=_now(),
-                                 deleted_at=_now()))
-            s.flush()
-            for name, table in aliases.items():
-                if name not in models:
-                    continue
-                for alias, version in table.items():
-                    live = s.scalar(select(VersionRow.id).where(
-                        VersionRow.model_id == models[name].id, VersionRow.version == version,
-                        VersionRow.state == READY))
-                    if live is not None:
-                        s.add(AliasRow(model_id=models[name].id, alias=alias, version=version,
-                                       updated_at=_now()))
-        return count
+            return rebuild.restore(s, manifests, retired, aliases)
 
     def reservation(self, name: str, version: int) -> Reservation | None:
         """The push in progress for ``name:vN``, or None if there is none."""
@@ -448,12 +405,6 @@ class Catalog:
             manifest=json.loads(row.manifest) if row.manifest else {},
             tags=json.loads(row.tags), aliases=aliases.get(row.version, []),
         )
-
-
-def _add_files(s: Session, version_id: int, files: Iterable[VersionFile]) -> None:
-    for f in files:
-        s.add(VersionFileRow(version_id=version_id, role=f.role, name=f.name, digest=f.digest,
-                             size=f.size))
 
 
 def _aware(moment: datetime) -> datetime:

@@ -1,0 +1,78 @@
+"""Writing catalog rows from what the store holds: the file rows of a version, and the whole
+catalog again from the store's manifests (``registry db rebuild``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from ..files import VersionFile, version_files
+from .models import DELETED, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
+
+
+def add_version_files(s: Session, version_id: int, files: Iterable[VersionFile]) -> None:
+    """One row per blob the version owns (weights shards, attached files)."""
+    for f in files:
+        s.add(VersionFileRow(version_id=version_id, role=f.role, name=f.name, digest=f.digest,
+                             size=f.size))
+
+
+def restore(s: Session, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
+            aliases: dict[str, dict[str, int]]) -> int:
+    """Replace every model, version, file and alias row with what ``manifests`` say.
+
+    ``retired`` are the (name, version) pairs of deleted versions, kept as tombstones so their
+    numbers are never reused; an alias whose version is not live is dropped. Returns how many
+    versions were restored.
+    """
+    now = datetime.now(timezone.utc)
+    s.execute(delete(AliasRow))
+    s.execute(delete(VersionFileRow))
+    s.execute(delete(VersionRow))
+    s.execute(delete(ModelRow))
+    models: dict[str, ModelRow] = {}
+
+    def model_row(name: str) -> ModelRow:
+        if name not in models:
+            models[name] = ModelRow(name=name, last_version=0, created_at=now)
+            s.add(models[name])
+            s.flush()
+        return models[name]
+
+    count = 0
+    for manifest in manifests:
+        model = model_row(manifest["name"])
+        model.last_version = max(model.last_version, manifest["version"])
+        row = VersionRow(
+            model_id=model.id, version=manifest["version"], state=READY,
+            digest=manifest["digest"], size_bytes=manifest["source"]["size_bytes"],
+            manifest=json.dumps(manifest, sort_keys=True),
+            tags=json.dumps(manifest.get("tags") or {}, sort_keys=True),
+            created_at=datetime.fromisoformat(manifest["created_at"]))
+        s.add(row)
+        s.flush()
+        add_version_files(s, row.id, version_files(manifest))
+        count += 1
+    s.flush()
+    for name, version in retired:
+        model = model_row(name)
+        model.last_version = max(model.last_version, version)
+        s.add(VersionRow(model_id=model.id, version=version, state=DELETED, digest="",
+                         size_bytes=0, tags="{}", created_at=now, deleted_at=now))
+    s.flush()
+    for name, table in aliases.items():
+        if name not in models:
+            continue
+        for alias, version in table.items():
+            live = s.scalar(select(VersionRow.id).where(
+                VersionRow.model_id == models[name].id, VersionRow.version == version,
+                VersionRow.state == READY))
+            if live is not None:
+                s.add(AliasRow(model_id=models[name].id, alias=alias, version=version,
+                               updated_at=now))
+    return count
