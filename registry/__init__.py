@@ -27,7 +27,6 @@ from ._api import (
     set_tags,
     show,
 )
-from .backends import GcReport
 from .client import Registry
 from .errors import (
     ArchitectureUnknownError,
@@ -39,6 +38,7 @@ from .errors import (
     ExportError,
     ForbiddenError,
     ManifestError,
+    MissingBlobError,
     MlflowUnavailableError,
     NormalizationError,
     NotFoundError,
@@ -49,11 +49,13 @@ from .errors import (
     StateDictMismatchError,
     StoreUnavailableError,
     UnauthorizedError,
+    UnexpectedUploadError,
     UnsafeCheckpointError,
     UntrustedFactoryError,
     VersionExistsError,
 )
 from .exports import Artifact
+from .gc import GcReport
 from .manifest import ModelVersion
 from .refs import Ref
 from .refs import parse as parse_ref
@@ -73,6 +75,7 @@ __all__ = [
     "ForbiddenError",
     "GcReport",
     "ManifestError",
+    "MissingBlobError",
     "MlflowUnavailableError",
     "ModelVersion",
     "NormalizationError",
@@ -87,6 +90,7 @@ __all__ = [
     "StateDictMismatchError",
     "StoreUnavailableError",
     "UnauthorizedError",
+    "UnexpectedUploadError",
     "UnsafeCheckpointError",
     "UntrustedFactoryError",
     "VersionExistsError",

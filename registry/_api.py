@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import GcReport
 from .client import ModelInput, Registry
 from .devices import DeviceRequest, DtypeRequest
 from .exports import Artifact, ExportFormat
+from .gc import GcReport
 from .manifest import ModelVersion
 from .materialize import ModelSpec
 from .placement import DeviceMap, NoSplit

@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,7 +20,12 @@ from . import validate
 from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, NotFoundError
+from .errors import (
+    DigestMismatchError,
+    MissingBlobError,
+    NotFoundError,
+    UnexpectedUploadError,
+)
 from .files import (
     StagedFile,
     VersionFile,
@@ -29,6 +34,7 @@ from .files import (
     version_files,
     weights_digest,
 )
+from .gc import DEFAULT_GRACE, GcReport
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .settings import Settings
@@ -38,16 +44,6 @@ if TYPE_CHECKING:
     from .catalog.repository import Catalog, Reservation
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GcReport:
-    """What ``gc`` removed."""
-
-    deleted: list[str] = field(default_factory=list)
-    freed_bytes: int = 0
-    kept: int = 0
-    stale_pushes: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,9 +104,13 @@ class Backend(Protocol):
 class LocalBackend:
     """A SQL catalog plus an object store, driven in-process."""
 
-    def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path) -> None:
+    def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path, *,
+                 grace: timedelta = DEFAULT_GRACE) -> None:
         self.catalog = catalog
         self.store = store
+        # How long a reservation, a temporary file or an unreferenced blob is left to its
+        # writer before gc may remove it (REGISTRY_GC_GRACE; registry/gc.py).
+        self.grace = grace
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
 
@@ -125,6 +125,7 @@ class LocalBackend:
             catalog,
             store or open_store(settings.store_url, settings),
             settings.cache_dir,
+            grace=settings.gc_grace,
         )
 
     def __repr__(self) -> str:
@@ -166,12 +167,14 @@ class LocalBackend:
         if self.store.has(key) != size:
             return False
         local = self.store.open_local(key)
-        if local is None:
-            return True  # a remote store's copy is verified by every pull instead
-        try:
-            self.verified.verify(local, digest, what="stored blob")
-        except DigestMismatchError:
-            return False
+        if local is not None:
+            try:
+                self.verified.verify(local, digest, what="stored blob")
+            except DigestMismatchError:
+                return False
+        # else a remote store's copy is verified by every pull instead.
+        # Reused bytes count as just written, so gc's grace protects them (registry/gc.py).
+        self.store.touch(key)
         return True
 
     def upload(self, staged: StagedFile) -> None:
@@ -188,15 +191,23 @@ class LocalBackend:
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
-        sizes = concurrently(lambda f: self.store.has(mf.blob_key(f.digest)),
-                             unique_by_digest(files))
-        for f, have in zip(unique_by_digest(files), sizes, strict=True):
-            if have != f.size:
-                raise NotFoundError(
-                    f"{f.role} file {f.name} ({f.digest}) of {origin} is not in the store "
-                    f"({have or 0} of {f.size} bytes); upload it before committing")
+        absent = self._absent(files)
+        if absent:
+            f, have = absent[0]
+            raise MissingBlobError(
+                f"{f.role} file {f.name} ({f.digest}) of {origin} is not in the store "
+                f"({have or 0} of {f.size} bytes); upload it before committing",
+                files=[f for f, _ in absent])
         self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
         try:
+            # Checked again now that the manifest is written: a gc that chose a blob before
+            # this push reserved it may have deleted it since (registry/gc.py, rule 3).
+            gone = [f for f, _ in self._absent(files)]
+            if gone:
+                raise MissingBlobError(
+                    f"{len(gone)} file(s) of {origin} vanished from the store while it was "
+                    f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
+                    "version was not made visible: push it again", files=gone)
             record = self.catalog.commit(name, number, manifest, tags, aliases)
         except BaseException:
             # A manifest without a committed row would come back on `registry db rebuild`.
@@ -206,6 +217,22 @@ class LocalBackend:
         if record.aliases:
             self._write_aliases(name)
         return record
+
+    def _absent(self, files: Sequence[VersionFile]) -> list[tuple[VersionFile, int | None]]:
+        """Each of ``files`` the store lacks or holds at another size, with the size it has."""
+        unique = unique_by_digest(files)
+        sizes = concurrently(lambda f: self.store.has(mf.blob_key(f.digest)), unique)
+        return [(f, have) for f, have in zip(unique, sizes, strict=True) if have != f.size]
+
+    def expect_upload(self, digest: str) -> int:
+        """The size a push in progress declared for blob ``digest`` (a server accepts an upload
+        only then, and no more bytes than that); else :class:`UnexpectedUploadError`."""
+        size = self.catalog.pending_upload(digest)
+        if size is None:
+            raise UnexpectedUploadError(
+                f"no push in progress lists blob {digest}: begin the push first (POST "
+                "/api/v1/models/NAME/pushes) and upload only the files it asks for")
+        return size
 
     def reservation(self, name: str, number: int) -> Reservation:
         """The push in progress for ``name:vN``; NotFoundError if there is none."""
@@ -235,6 +262,7 @@ class LocalBackend:
         key = mf.blob_key(digest)
         if self.store.has(key) == path.stat().st_size:
             path.unlink(missing_ok=True)
+            self.store.touch(key)
             return
         self.upload(StagedFile(path, VersionFile("weights", "upload", digest,
                                                  path.stat().st_size)))
@@ -261,7 +289,18 @@ class LocalBackend:
             by_digest = {s.digest: s for s in staged}
             concurrently(lambda f: self.upload(by_digest[f.digest]), missing,
                          workers=UPLOAD_CONCURRENCY)
-            record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+            try:
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+            except MissingBlobError as exc:
+                # A blob this push reused was deleted under it; the staged copy of a reused
+                # blob is still here (only uploads consume theirs), so store it and go on.
+                lost = [by_digest[f.digest] for f in exc.files]
+                if not all(s.path.exists() for s in lost):
+                    raise
+                log.warning("%d blob(s) of %s:v%d vanished during the push; uploading them "
+                            "again", len(lost), name, number)
+                concurrently(self.upload, lost, workers=UPLOAD_CONCURRENCY)
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.abort_push(name, number)
@@ -345,31 +384,22 @@ class LocalBackend:
 
     # -- maintenance ----------------------------------------------------------------------
 
-    def gc(self, *, pending_grace: timedelta = timedelta(hours=6)) -> GcReport:
-        """Delete blobs no version references (in the store and in the local cache)."""
-        stale = self.catalog.drop_stale_pending(older_than=pending_grace)
-        keep = self.catalog.referenced_digests(pending_grace=pending_grace)
+    def gc(self) -> GcReport:
+        """Delete what no version references, in the store and the local cache, and what
+        crashed processes left behind; nothing younger than ``self.grace`` (registry/gc.py)."""
         from .exports import local as exports
+        from .gc import collect
 
-        keep |= exports.referenced(self)
-        deleted: list[str] = []
-        freed = 0
-        kept = 0
-        for key in list(self.store.list("blobs/")):
-            digest = _digest_of(key)
-            if digest in keep:
-                kept += 1
-                continue
-            freed += self.store.has(key) or 0
-            self.store.delete(key)
-            deleted.append(digest)
-        cache_blobs = self.cache.root / "blobs"
-        if cache_blobs.is_dir():
-            for path in cache_blobs.glob("*/*"):
-                if f"{path.parent.name}:{path.name}" not in keep:
-                    path.unlink(missing_ok=True)
-        log.info("gc deleted %d blobs (%d bytes), kept %d", len(deleted), freed, kept)
-        return GcReport(deleted, freed, kept, stale)
+        def referenced() -> set[str]:
+            return (self.catalog.referenced_digests(pending_grace=self.grace)
+                    | exports.referenced(self))
+
+        temporary = [self.cache.root / "tmp"]
+        if isinstance(self.store, Staging):
+            temporary.append(self.store.staging_dir)
+        return collect(self.store, referenced, grace=self.grace,
+                       drop_stale=lambda: self.catalog.drop_stale_pending(older_than=self.grace),
+                       cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
 
     def rebuild(self) -> int:
         """Rebuild the catalog from the store alone; return the number of versions restored.
@@ -406,7 +436,3 @@ class LocalBackend:
         exports.restore(self, found)
         return count
 
-
-def _digest_of(key: str) -> str:
-    _, algorithm, hexdigest = key.split("/", 2)
-    return f"{algorithm}:{hexdigest}"

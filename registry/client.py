@@ -16,11 +16,12 @@ from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
 from . import placement
-from .backends import Backend, GcReport, LocalBackend
+from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
+from .gc import GcReport
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .parallel import as_ready

@@ -29,6 +29,8 @@ Each class has a stable ``code`` so a server can send it and a client raise the 
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Sequence
+from typing import Any
 
 
 class RegistryError(Exception):
@@ -59,11 +61,28 @@ class NotFoundError(RegistryError, LookupError):
     exit_code = 3
 
 
+class MissingBlobError(NotFoundError):
+    """A blob a version needs vanished from the store while the version was committed (a gc
+    that chose it before the push began); the push is undone and may simply be repeated."""
+
+    code = "blob_missing"
+
+    def __init__(self, message: str, *, files: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.files = list(files)  # the VersionFiles that vanished
+
+
 class VersionExistsError(RegistryError):
     """An explicit version claim for a number that is taken or was retired."""
 
     code = "version_exists"
     exit_code = 4
+
+
+class UnexpectedUploadError(RegistryError):
+    """An upload that no push in progress asked for, or larger than the push declared."""
+
+    code = "unexpected_upload"
 
 
 class CheckpointError(RegistryError, ValueError):

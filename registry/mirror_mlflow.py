@@ -24,11 +24,13 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
+from .catalog.mirror import claim_token, live_claim
 from .catalog.records import VersionRecord
 from .display import human_bytes, version_table
 from .errors import MlflowUnavailableError, NotFoundError, RegistryError
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 
 _TAG_KEY_RE = re.compile(r"[^\w.\- /]")
 _MAX_PLACEHOLDERS = 10_000
+# How soon a mirror looks again at versions another replica was mirroring (it may have mirrored
+# an older state of them).
+BUSY_RETRY_S = 2.0
 
 
 @dataclass
@@ -54,6 +59,8 @@ class SyncReport:
     mirrored: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unchanged: int = 0
+    # Versions another replica's mirror was working on: a later sync looks at them again.
+    busy: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,32 +87,50 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
     """Bring MLflow up to date with the catalog: mirror new or changed versions, remove deleted
     ones. ``full`` re-mirrors everything and also removes MLflow versions the catalog lacks."""
     report = SyncReport(tracking_uri)
-    states = backend.catalog.mirror_states()
+    catalog = backend.catalog
+    states = catalog.mirror_states()
     client = _client(tracking_uri)
+    claim = claim_token(uuid.uuid4().hex[:8])
     names = sorted({name for name, *_ in states})
     for name in names:
         rows = [r for r in states if r[0] == name]
         try:
-            records = {r.version: r for r in backend.catalog.list_versions(name)}
+            records = {r.version: r for r in catalog.list_versions(name)}
         except NotFoundError:
             records = {}  # every version of the model was deleted
-        for _, version, _state, synced in rows:
+        for _, version, state, synced in rows:
+            if state == "pending":
+                report.busy += 1  # its push is still running: wait for it, to keep order
+                break
+            # Another replica is mirroring this version right now: leave the rest of this model
+            # to it too, so MLflow creates the model's versions in order and numbers stay
+            # aligned (a later sync looks again).
+            if live_claim(synced):
+                report.busy += 1
+                break
             record = records.get(version)
             if record is None:
-                if synced is not None or full:
-                    with _mapped(tracking_uri):
-                        _remove_version(client, name, version)
-                    backend.catalog.set_mirror_state(name, version, None)
-                    report.removed.append(f"{name}:v{version}")
+                if synced is None and not full:
+                    continue
+                if not catalog.swap_mirror_state(name, version, synced, claim):
+                    report.busy += 1
+                    break
+                with _released(catalog, name, version, claim, synced), _mapped(tracking_uri):
+                    _remove_version(client, name, version)
+                catalog.swap_mirror_state(name, version, claim, None)
+                report.removed.append(f"{name}:v{version}")
                 continue
             formats = export_formats(backend, name, version)
             wanted = fingerprint(record, tracking_uri, formats)
             if synced == wanted and not full:
                 report.unchanged += 1
                 continue
-            with _mapped(tracking_uri):
+            if not catalog.swap_mirror_state(name, version, synced, claim):
+                report.busy += 1
+                break
+            with _released(catalog, name, version, claim, synced), _mapped(tracking_uri):
                 _mirror_version(client, record, source_uri(backend, record), formats)
-            backend.catalog.set_mirror_state(name, version, wanted)
+            catalog.swap_mirror_state(name, version, claim, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
             with _mapped(tracking_uri):
@@ -113,6 +138,19 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
     log.info("mlflow sync to %s: %d mirrored, %d removed, %d unchanged", tracking_uri,
              len(report.mirrored), len(report.removed), report.unchanged)
     return report
+
+
+@contextlib.contextmanager
+def _released(catalog: Any, name: str, version: int, claim: str,
+              before: str | None) -> Iterator[None]:
+    """Give a claimed version back as it was when mirroring it fails."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            catalog.swap_mirror_state(name, version, claim,
+                                      None if before and before.startswith("claim:") else before)
+        raise
 
 
 # -- one version ------------------------------------------------------------------------------
@@ -337,13 +375,15 @@ class MirrorWorker:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        busy = False
         while not self._stop.is_set():
-            self._wake.wait(timeout=self.retry_seconds if self.last_error else None)
+            self._wake.wait(timeout=self.retry_seconds if self.last_error
+                            else BUSY_RETRY_S if busy else None)
             if self._stop.is_set():
                 return
             self._wake.clear()
             try:
-                sync(self.backend, self.tracking_uri)
+                busy = sync(self.backend, self.tracking_uri).busy > 0
                 self.last_error = None
             except Exception as exc:  # the mirror must never take the server down
                 self.last_error = str(exc)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from ._progress import transfer
-from .backends import GcReport, PushResult
+from .backends import PushResult
 from .cache import BlobCache
 from .catalog.records import VersionRecord
 from .digests import check_digest
@@ -32,6 +32,7 @@ from .errors import (
     quoted,
 )
 from .files import StagedFile
+from .gc import GcReport
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref, validate_name
 from .validate import (
@@ -283,7 +284,12 @@ class RemoteBackend:
             return GcReport([check_digest(d) for d in answer["deleted"]],
                             strict_int(answer["freed_bytes"], "freed_bytes", low=0, high=2**63),
                             strict_int(answer["kept"], "kept", low=0, high=2**63),
-                            strict_int(answer["stale_pushes"], "stale_pushes", low=0, high=2**63))
+                            strict_int(answer["stale_pushes"], "stale_pushes", low=0, high=2**63),
+                            strict_int(answer.get("young", 0), "young", low=0, high=2**63),
+                            strict_int(answer.get("temporary_files", 0), "temporary_files",
+                                       low=0, high=2**63),
+                            strict_int(answer.get("temporary_bytes", 0), "temporary_bytes",
+                                       low=0, high=2**63))
         except (KeyError, TypeError, RegistryError) as exc:
             raise RegistryError(f"registry server {self.url} sent a malformed gc report "
                                 f"({quoted(str(exc))})") from None

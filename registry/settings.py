@@ -12,6 +12,7 @@
 | REGISTRY_URI, REGISTRY_TOKEN| unset: the embedded registry          |
 | REGISTRY_AUTH_FILE          | $REGISTRY_HOME/auth.json              |
 | REGISTRY_SHARD_SIZE         | 1GiB                                  |
+| REGISTRY_GC_GRACE           | 6h                                    |
 | MLFLOW_TRACKING_URI         | unset (sync: $REGISTRY_HOME/mlflow.db)|
 | AWS_MAX_ATTEMPTS            | 4 (the S3 store's retry bound)        |
 
@@ -24,12 +25,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 from .errors import SettingsError
 
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
+DEFAULT_GC_GRACE = timedelta(hours=6)
 _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
 _TRUE = {"1", "true", "yes", "on"}
@@ -55,6 +58,8 @@ class Settings:
     mlflow_tracking_uri: str | None = None
     shard_size: int = DEFAULT_SHARD_SIZE
     s3_max_attempts: int | None = None
+    # gc never deletes what is younger than this, and drops reservations older than it.
+    gc_grace: timedelta = DEFAULT_GC_GRACE
 
     @property
     def auth_path(self) -> Path:
@@ -104,6 +109,7 @@ class Settings:
         auto_default = catalog_url.startswith("sqlite")
         auth_raw = env.get("REGISTRY_AUTH_FILE") or None
         shard_raw = env.get("REGISTRY_SHARD_SIZE") or None
+        grace_raw = env.get("REGISTRY_GC_GRACE") or None
         attempts_raw = env.get("AWS_MAX_ATTEMPTS") or None
         return cls(
             home=home_path,
@@ -122,6 +128,8 @@ class Settings:
             mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
             shard_size=parse_size(shard_raw, "REGISTRY_SHARD_SIZE", minimum=1)
             if shard_raw else DEFAULT_SHARD_SIZE,
+            gc_grace=parse_duration(grace_raw, "REGISTRY_GC_GRACE")
+            if grace_raw else DEFAULT_GC_GRACE,
             s3_max_attempts=_positive_int(attempts_raw, "AWS_MAX_ATTEMPTS")
             if attempts_raw else None,
         )
@@ -173,6 +181,8 @@ def _bool(raw: str | None, variable: str, default: bool) -> bool:
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.I)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])?", re.I)
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_size(value: int | str, what: str, *, minimum: int = 0) -> int:
@@ -188,6 +198,24 @@ def parse_size(value: int | str, what: str, *, minimum: int = 0) -> int:
     if size < minimum:
         raise SettingsError(f"{what}={value!r} is below the minimum of {minimum} bytes")
     return size
+
+
+def parse_duration(value: str | int | float | timedelta, what: str) -> timedelta:
+    """``"6h"``, ``"30m"``, ``"90s"``, ``"2d"``, ``"0"`` or seconds -> a timedelta;
+    :class:`SettingsError` names ``what`` when the value is not a duration."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value.strip())) \
+            and len(value) < 40:
+        seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    else:
+        raise SettingsError(f"{what}={str(value)[:40]!r} is not a duration; use a value such "
+                            "as '6h', '30m', '90s' or '0'")
+    if not 0 <= seconds < 10**9:
+        raise SettingsError(f"{what}={value!r} must be between 0 seconds and 30 years")
+    return timedelta(seconds=seconds)
 
 
 def _positive_int(raw: str, variable: str) -> int:

@@ -27,6 +27,9 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         if key.startswith("REGISTRY_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("REGISTRY_HOME", str(tmp_path / "home"))
+    # gc in a test frees what the test just deleted; tests of the grace itself (tests/faults,
+    # test_gc_race.py) set REGISTRY_GC_GRACE or pass grace= themselves.
+    monkeypatch.setenv("REGISTRY_GC_GRACE", "0")
     yield
 
 

@@ -125,6 +125,7 @@ def run_cli(*args: str, env: dict[str, str], cwd: Path | None = None,
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
     env["REGISTRY_HOME"] = str(home)
+    env["REGISTRY_GC_GRACE"] = "0"  # as in tests/conftest.py: gc frees what a test deleted
     env.update(extra)
     return env
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +18,7 @@ from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import rebuild
 from .db import ensure_schema, make_engine, mapped_errors
+from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
 from .rebuild import add_version_files
 from .records import VersionRecord
@@ -38,7 +39,7 @@ class Reservation:
     files: list[VersionFile]
 
 
-class Catalog:
+class Catalog(MirrorStates):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -271,18 +272,15 @@ class Catalog:
             return {d for d, state, created in rows
                     if state == READY or _aware(created) >= cutoff}
 
-    def pending_upload(self, digest: str, *, pending_grace: timedelta = timedelta(hours=6)
-                       ) -> int | None:
+    def pending_upload(self, digest: str) -> int | None:
         """The size a push in progress declared for blob ``digest``, or None if no push in
-        progress lists it (a server accepts an upload only then)."""
+        progress lists it (a server accepts an upload only then; gc drops stale pushes)."""
         with self._session() as s:
-            cutoff = _now() - pending_grace
-            rows = s.execute(select(VersionFileRow.size, VersionRow.created_at)
-                             .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
-                             .where(VersionFileRow.digest == digest,
-                                    VersionRow.state == PENDING)).all()
-            sizes = [int(size) for size, created in rows if _aware(created) >= cutoff]
-            return max(sizes) if sizes else None
+            sizes = s.scalars(select(VersionFileRow.size)
+                              .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
+                              .where(VersionFileRow.digest == digest,
+                                     VersionRow.state == PENDING)).all()
+            return max(int(size) for size in sizes) if sizes else None
 
     def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
         """Forget reservations of pushes that died; their numbers stay retired."""
@@ -314,26 +312,6 @@ class Catalog:
             return Reservation(row.digest, int(row.size_bytes),
                                [VersionFile(f.role, f.name, f.digest, int(f.size))  # type: ignore[arg-type]
                                 for f in files])
-
-    # -- MLflow mirror state --------------------------------------------------------------
-
-    def mirror_states(self) -> list[tuple[str, int, str, str | None]]:
-        """(name, version, state, mlflow_synced) of every ready or deleted version."""
-        with self._session() as s:
-            rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
-                                    VersionRow.mlflow_synced)
-                             .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                             .where(VersionRow.state.in_((READY, DELETED)))
-                             .order_by(ModelRow.name, VersionRow.version)).all()
-            return [(r[0], int(r[1]), r[2], r[3]) for r in rows]
-
-    def set_mirror_state(self, name: str, version: int, synced: str | None) -> None:
-        """Record what the mirror wrote for ``name:vN`` (None marks it pending)."""
-        with self._session() as s:
-            model_id = select(ModelRow.id).where(ModelRow.name == name).scalar_subquery()
-            s.execute(update(VersionRow).where(VersionRow.model_id == model_id,
-                                               VersionRow.version == version)
-                      .values(mlflow_synced=synced))
 
     def count_versions(self) -> int:
         with self._session() as s:

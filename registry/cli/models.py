@@ -163,12 +163,22 @@ def rm(ctx: click.Context, ref: str) -> None:
 @click.command()
 @click.pass_context
 def gc(ctx: click.Context) -> None:
-    """Delete stored blobs that no version references."""
+    """Delete stored blobs that no version references, and files crashed pushes left.
+
+    Nothing younger than REGISTRY_GC_GRACE (default 6h) is deleted, so a push running meanwhile
+    keeps what it reuses; set REGISTRY_GC_GRACE=0 only when no push or pull is running."""
     from ..display import human_bytes
 
     report = open_registry(ctx).gc()
     click.echo(f"deleted {len(report.deleted)} blob(s), freed {human_bytes(report.freed_bytes)}, "
                f"kept {report.kept}")
+    if report.young:
+        click.echo(f"kept {report.young} unreferenced blob(s) younger than REGISTRY_GC_GRACE; "
+                   "a later gc frees them")
+    if report.temporary_files or report.stale_pushes:
+        click.echo(f"removed {report.temporary_files} temporary file(s) of crashed pushes and "
+                   f"downloads ({human_bytes(report.temporary_bytes)}), dropped "
+                   f"{report.stale_pushes} stale push reservation(s)")
 
 
 COMMANDS = [push, pull, ls, show, alias, tag, rm, gc]

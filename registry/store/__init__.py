@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -55,6 +56,13 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> Iterator[str]:
         """Every key under ``prefix``."""
+
+    def modified(self, key: str) -> datetime | None:
+        """When the object was last written or touched (aware UTC), or None if there is none."""
+
+    def touch(self, key: str) -> None:
+        """Make the object count as just written, so gc's grace starts again for it (a push
+        that reuses a stored blob does this); a missing object is left missing."""
 
     def uri(self, key: str) -> str:
         """A URI naming the object (for humans and for MLflow's ``source``)."""

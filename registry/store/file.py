@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..digests import HashingWriter
@@ -128,6 +129,16 @@ class FileStore:
                 continue
             for name in sorted(files):
                 yield (rel_dir / name).as_posix()
+
+    def modified(self, key: str) -> datetime | None:
+        try:
+            return datetime.fromtimestamp(self._path(key).stat().st_mtime, timezone.utc)
+        except FileNotFoundError:
+            return None
+
+    def touch(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self._path(key))
 
     def uri(self, key: str) -> str:
         return (self.root / key).as_uri()

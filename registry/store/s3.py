@@ -20,6 +20,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlparse
@@ -38,6 +39,13 @@ MAX_ATTEMPTS = 4  # the first try and three retries: a few seconds of backoff, n
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 PRESIGN_EXPIRES_S = 3600
+# Where touch() leaves its marker for an object (gc reads the later of the two times):
+# ``blobs/sha256/<hex>`` -> ``touched/sha256/<hex>``.
+_TOUCHED = "touched/"
+
+
+def _marker(key: str) -> str:
+    return _TOUCHED + key.split("/", 1)[1]
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _MISSING_KEY_CODES = {"404", "NoSuchKey", "NotFound"}
@@ -209,6 +217,8 @@ class S3Store:
         full = self._key(key)
         with self._mapped_errors(key):
             self.client.delete_object(Bucket=self.bucket, Key=full)
+            if key.startswith("blobs/"):
+                self.client.delete_object(Bucket=self.bucket, Key=self._key(_marker(key)))
 
     def list(self, prefix: str) -> Iterator[str]:
         # Directory semantics, as in the file store: "manifests/m1" must not match "m10".
@@ -221,6 +231,30 @@ class S3Store:
             for page in pages:
                 for item in page.get("Contents", ()):
                     yield item["Key"][len(base):]
+
+    def modified(self, key: str) -> datetime | None:
+        """The later of the object's LastModified and its touch marker's."""
+        written = self._last_modified(key)
+        if written is None:
+            return None
+        touched = self._last_modified(_marker(key))
+        return max(written, touched) if touched is not None else written
+
+    def touch(self, key: str) -> None:
+        """Write an empty marker ``touched/sha256/<hex>``: S3 has no utime, and copying a multi-GB
+        blob onto itself is slow where it refreshes LastModified at all (s3rver keeps it)."""
+        if self.has(key) is not None:
+            self.put_bytes(_marker(key), b"")
+
+    def _last_modified(self, key: str) -> datetime | None:
+        full = self._key(key)
+        try:
+            with self._mapped_errors(key, missing_ok=True):
+                head = self.client.head_object(Bucket=self.bucket, Key=full)
+        except _Missing:
+            return None
+        moment: datetime = head["LastModified"]
+        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"

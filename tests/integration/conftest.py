@@ -117,6 +117,33 @@ def s3_store_url(s3_bucket: str) -> str:
     return f"s3://{s3_bucket}/team"
 
 
+# -- S3 (s3rver, an independent implementation from npm) ---------------------------------------
+
+@pytest.fixture(scope="session")
+def s3rver_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.integration import s3rver
+
+    server = s3rver.start(tmp_path_factory.mktemp("s3rver") / "data", free_port())
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def s3rver_endpoint(s3rver_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The s3rver endpoint with its fixed credentials in the environment."""
+    from tests.integration.s3rver import CREDENTIALS
+
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS[0])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS[1])
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", s3rver_server)
+    return s3rver_server
+
+
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 PG_HOST = os.environ.get("REGISTRY_TEST_PG_HOST", "127.0.0.1")

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+import urllib.request
+import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from registry.errors import NotFoundError, RefError, RegistryError
-from registry.store import ObjectStore, open_store
+from registry.store import ObjectStore, Presigning, open_store
 from registry.store.file import FileStore
 from registry.store.s3 import PART_SIZE, S3Store
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3),
+                        pytest.param("s3rver", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
     if request.param == "file":
         yield FileStore(tmp_path / "objects")
+        return
+    if request.param == "s3rver":
+        endpoint = request.getfixturevalue("s3rver_endpoint")
+        s3rver = S3Store.from_url(f"s3://reg-{uuid.uuid4().hex[:12]}/team",
+                                  endpoint_url=endpoint)
+        assert s3rver.create_bucket() is True
+        yield s3rver
         return
     url = request.getfixturevalue("s3_store_url")
     endpoint = request.getfixturevalue("s3_endpoint")
@@ -146,3 +158,38 @@ def test_open_store_dispatches_on_the_url(store: ObjectStore) -> None:
     reopened = open_store(store.url, settings.with_overrides(s3_endpoint_url=endpoint))
     assert type(reopened) is type(store)
     assert reopened.url == store.url
+
+
+def test_modified_is_when_written_and_touch_makes_it_now(store: ObjectStore,
+                                                         tmp_path: Path) -> None:
+    """gc's age rule reads ``modified``; a push that reuses a blob ``touch``es it."""
+    assert store.modified("blobs/sha256/none") is None
+    store.touch("blobs/sha256/none")  # a missing object stays missing
+    assert store.has("blobs/sha256/none") is None
+    source = tmp_path / "blob"
+    source.write_bytes(b"q" * (3 * 2**20))
+    before = datetime.now(timezone.utc) - timedelta(seconds=5)
+    store.put_file("blobs/sha256/aged", source)
+    written = store.modified("blobs/sha256/aged")
+    assert written is not None and written.tzinfo is not None
+    assert before <= written <= datetime.now(timezone.utc) + timedelta(seconds=5)
+    time.sleep(1.1)  # S3 LastModified has one-second resolution
+    store.touch("blobs/sha256/aged")
+    touched = store.modified("blobs/sha256/aged")
+    assert touched is not None and touched > written
+    assert store.get_bytes("blobs/sha256/aged") == source.read_bytes()  # bytes unchanged
+
+
+def test_presigned_urls_move_bytes_without_credentials(store: ObjectStore) -> None:
+    """What the server hands its clients: a URL to PUT, then GET, one object, no keys."""
+    if not isinstance(store, Presigning):
+        pytest.skip("this store hands out no URLs (clients go through the server)")
+    data = os.urandom(70_000)
+    put = urllib.request.Request(store.presign("blobs/sha256/pre", "PUT"), data=data,
+                                 method="PUT",
+                                 headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(put, timeout=30) as response:
+        assert response.status == 200
+    assert store.has("blobs/sha256/pre") == len(data)
+    with urllib.request.urlopen(store.presign("blobs/sha256/pre", "GET"), timeout=30) as got:
+        assert got.read() == data

@@ -1,0 +1,116 @@
+"""Garbage collection: which stored bytes nothing needs any more, and why deleting them is safe
+beside pushes that run at the same moment.
+
+A blob is deleted only when all of these hold, checked in this order:
+
+1. no ready version, no push in progress younger than the grace, and no export lists its
+   digest; this is read once to choose candidates and again just before deleting, so a push
+   that reserved its files meanwhile keeps them;
+2. the store says the blob was last written or touched longer ago than the grace
+   (``REGISTRY_GC_GRACE``, default ``6h``), asked again right before its delete. A push that
+   reuses a stored blob touches it (``ObjectStore.touch``) before it relies on it, so a blob
+   a push has just chosen to reuse is young and stays;
+3. and should a blob still vanish under a push (a gc that chose it before the push existed),
+   ``commit_push`` checks every blob again after writing the manifest and undoes the version
+   (``MissingBlobError``); the embedded push then uploads the blob again and commits.
+
+Crash hygiene: a push killed after writing its staging file, a server upload cut off, a
+download that died halfway each leave a temporary file. Those older than the grace (so no live
+process is still writing them) are removed and reported; a crashed push's reservation is dropped
+by the same rule (``Catalog.drop_stale_pending``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from .store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE = timedelta(hours=6)
+
+
+@dataclass
+class GcReport:
+    """What ``gc`` removed, and what it kept because it was too young to judge."""
+
+    deleted: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    kept: int = 0
+    stale_pushes: int = 0
+    young: int = 0
+    # Temporary files of crashed pushes, uploads and downloads removed, and their bytes.
+    temporary_files: int = 0
+    temporary_bytes: int = 0
+
+
+def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: timedelta,
+            drop_stale: Callable[[], int], cache_blobs: Path | None,
+            temporary_dirs: Iterable[Path]) -> GcReport:
+    """Delete what nothing references from ``store`` and the local cache (rules above)."""
+    report = GcReport(stale_pushes=drop_stale())
+    now = datetime.now(timezone.utc)
+    keep = referenced()
+    candidates = []
+    for key in list(store.list("blobs/")):
+        if blob_digest(key) in keep:
+            report.kept += 1
+        else:
+            candidates.append(key)
+    keep = referenced() if candidates else keep
+    for key in candidates:
+        if blob_digest(key) in keep:
+            report.kept += 1
+            continue
+        modified = store.modified(key)
+        if modified is None:
+            continue  # someone else removed it
+        if now - modified < grace:
+            report.young += 1
+            continue
+        size = store.has(key) or 0
+        store.delete(key)
+        report.deleted.append(blob_digest(key))
+        report.freed_bytes += size
+    if cache_blobs is not None and cache_blobs.is_dir():
+        for path in cache_blobs.glob("*/*"):
+            if f"{path.parent.name}:{path.name}" not in keep:
+                path.unlink(missing_ok=True)
+    for directory in dict.fromkeys(temporary_dirs):
+        _sweep(directory, now - grace, report)
+    log.info("gc deleted %d blobs (%d bytes), kept %d (%d younger than %s), removed %d "
+             "temporary files (%d bytes)", len(report.deleted), report.freed_bytes, report.kept,
+             report.young, grace, report.temporary_files, report.temporary_bytes)
+    return report
+
+
+def blob_digest(key: str) -> str:
+    """``blobs/sha256/<hex>`` -> ``sha256:<hex>``."""
+    _, algorithm, hexdigest = key.split("/", 2)
+    return f"{algorithm}:{hexdigest}"
+
+
+def _sweep(directory: Path, cutoff: datetime, report: GcReport) -> None:
+    """Remove files under ``directory`` last written before ``cutoff``."""
+    if not directory.is_dir():
+        return
+    limit = cutoff.timestamp()
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            path = Path(root, name)
+            try:
+                st = path.lstat()
+                if st.st_mtime >= limit:
+                    continue
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            log.info("gc removed %s (%d bytes, left by a crashed process)", path, st.st_size)
+            report.temporary_files += 1
+            report.temporary_bytes += st.st_size
