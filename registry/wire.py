@@ -24,6 +24,7 @@ from .errors import (
     SchemaOutOfDateError,
     StoreUnavailableError,
     UnauthorizedError,
+    UnexpectedUploadError,
     VersionExistsError,
 )
 from .validate import answer_record
@@ -38,6 +39,7 @@ STATUS: list[tuple[type[RegistryError], int]] = [
     (ForbiddenError, 403),
     (NotFoundError, 404),
     (VersionExistsError, 409),
+    (UnexpectedUploadError, 409),
     (DigestMismatchError, 422),
     (StoreUnavailableError, 503),
     (CatalogUnavailableError, 503),

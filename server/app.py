@@ -41,6 +41,7 @@ from registry.errors import (
     RefError,
     RegistryError,
     SettingsError,
+    UnexpectedUploadError,
 )
 from registry.files import ROLES, VersionFile, check_file_name, version_files
 from registry.refs import (
@@ -243,7 +244,8 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
                             "type": "string", "format": "binary"}}}}})
     async def upload_blob(digest: str, request: Request, _caller: str = write) -> dict[str, Any]:
         digest = check_digest(digest)
-        return await _receive_blob(local, digest, request)
+        limit = await run_in_threadpool(local.expect_upload, digest)
+        return await receive_blob(local, digest, request, limit)
 
     @app.post(API + "/models/{name}/pushes/{version}/commit", tags=["push"])
     def commit_push(name: str, version: str, body: PushCommit,
@@ -326,7 +328,9 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         report = local.gc()
         log.info("gc by %s deleted %d blobs", caller, len(report.deleted))
         return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
-                "kept": report.kept, "stale_pushes": report.stale_pushes}
+                "kept": report.kept, "stale_pushes": report.stale_pushes,
+                "young": report.young, "temporary_files": report.temporary_files,
+                "temporary_bytes": report.temporary_bytes}
 
     @app.post(API + "/mlflow/sync", tags=["admin"])
     def mlflow_sync(full: bool = False, _caller: str = admin) -> dict[str, Any]:
@@ -335,7 +339,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         report = sync(local, tracking_uri_for(settings), full=full)
         return report.to_dict()
 
-    add_export_routes(app, local, read, write, changed, _upload_target)
+    add_export_routes(app, local, read, write, changed, _upload_target, receive_blob)
     return app
 
 
@@ -359,8 +363,14 @@ def _upload_target(local: LocalBackend, f: VersionFile) -> dict[str, Any]:
             "method": "PUT", "direct": False, "headers": headers}
 
 
-async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> dict[str, Any]:
-    """Stream the body to a staging file, hashing as it arrives; place it only if it matches."""
+async def receive_blob(local: LocalBackend, digest: str, request: Request,
+                       limit: int) -> dict[str, Any]:
+    """Stream the body to a staging file, hashing as it arrives; place it only if it matches.
+    More than ``limit`` bytes (the size the push declared) is refused before or as they come."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise UnexpectedUploadError(f"upload of {digest} declares {declared} bytes, but its push "
+                                    f"reserved {limit}; upload the file the push listed")
     fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
     tmp = Path(name)
     try:
@@ -368,8 +378,9 @@ async def _receive_blob(local: LocalBackend, digest: str, request: Request) -> d
             out = HashingWriter(fh)
             async for chunk in request.stream():
                 out.write(chunk)
-                if out.written > MAX_BLOB_BYTES:
-                    raise RefError(f"upload of {digest} exceeds {MAX_BLOB_BYTES} bytes")
+                if out.written > limit:
+                    raise UnexpectedUploadError(f"upload of {digest} sent more than the {limit} "
+                                                "bytes its push reserved; nothing was stored")
         size = out.written
         actual = out.digest()
         if actual != digest:

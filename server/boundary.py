@@ -2,8 +2,8 @@
 JSON answer (errors included) is encoded so that no stored value can make it fail.
 
 - :class:`BodyLimit` refuses a request body over its route's bound with 413 and a short message,
-  reading at most the bound into memory. The blob upload route is left alone: it streams to disk
-  and is bounded by the size its push reserved.
+  reading at most the bound into memory. The blob upload routes are left alone: they stream to
+  disk, a push's blob bounded by the size its push reserved, an export's by MAX_BLOB_BYTES.
 - :class:`AsciiJSONResponse` escapes non-ASCII, so a lone surrogate in a tag or a manifest (valid
   in JSON, invalid in UTF-8) cannot turn every later read into a 500.
 - :func:`error_response` sends ``{"error": {"code", "message"}}`` with the message cut to
@@ -29,7 +29,7 @@ _DRAIN = 64 * 2**20
 MAX_MESSAGE = 1000
 
 _COMMIT_PATH = re.compile(rf"{re.escape(API)}/models/[^/]+/pushes/[^/]+/commit")
-_BLOB_PATH = re.compile(rf"{re.escape(API)}/blobs/[^/]+")
+_BLOB_PATH = re.compile(rf"{re.escape(API)}(?:/models/[^/]+/versions/[^/]+/exports)?/blobs/[^/]+")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -2,25 +2,27 @@
 
 ``POST /models/{name}/versions/{n}/exports`` with ``{"record": {...}}`` answers
 ``{"export": null, "uploads": [target]}`` while the store lacks the blob (the client uploads by
-presigned URL or through ``PUT /blobs/{digest}`` and posts again), then
+presigned URL or through ``PUT .../exports/blobs/{digest}`` and posts again), then
 ``{"export": record, "uploads": []}`` once it is recorded. ``GET`` on the same path lists them;
 blobs download like weights (``/blobs/{digest}/link``, ``/blobs/{digest}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from registry.backends import LocalBackend
+from registry.digests import check_digest
 from registry.exports import local as exports
 from registry.exports import records
 from registry.files import VersionFile
 from registry.manifest import blob_key
 from registry.refs import validate_name, validate_version
+from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, EXPORTS_ROUTE
 
 
@@ -32,8 +34,8 @@ class ExportRegistration(BaseModel):
 
 def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
                       changed: Callable[[], None],
-                      upload_target: Callable[[LocalBackend, VersionFile], dict[str, Any]]
-                      ) -> None:
+                      upload_target: Callable[[LocalBackend, VersionFile], dict[str, Any]],
+                      receive_blob: Callable[..., Awaitable[dict[str, Any]]]) -> None:
     path = API + EXPORTS_ROUTE
 
     @app.get(path, tags=["exports"])
@@ -52,7 +54,21 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
         exports.list_exports(local, name, number)  # NotFoundError for an unknown version
         if local.store.has(blob_key(record["digest"])) != record["size"]:
             file = VersionFile("export", record["format"], record["digest"], record["size"])
-            return {"export": None, "uploads": [upload_target(local, file)]}
+            target = upload_target(local, file)
+            if not target["direct"]:
+                # Through this server: the exports' own upload route, since /blobs takes only
+                # the files of a push in progress.
+                target["url"] = f"{API}{EXPORTS_ROUTE}/blobs/{{digest}}".format(
+                    name=name, version=number, digest=record["digest"])
+            return {"export": None, "uploads": [target]}
         kept = exports.register(local, name, number, record)
         changed()
         return {"export": kept, "uploads": []}
+
+    @app.put(path + "/blobs/{digest}", tags=["exports"], status_code=201)
+    async def upload_export_blob(name: str, version: str, digest: str, request: Request,
+                                 _caller: str = write) -> dict[str, Any]:
+        """The blob of an export of an existing version, sent through this server."""
+        name, number = validate_name(name), validate_version(version)
+        exports.list_exports(local, name, number)  # NotFoundError for an unknown version
+        return await receive_blob(local, check_digest(digest), request, MAX_BLOB_BYTES)

@@ -254,9 +254,13 @@ def test_export_through_a_remote_server(tmp_path: Path) -> None:
             art = exporter.export("mlp", format="pt2", input_shapes=[(2, 8)],
                                   dynamic_batch=True)
             assert not art.cached and art.path is not None
-            uploads = [line for line in server.output().splitlines()
-                       if "PUT /api/v1/blobs/" in line]
-            assert len(uploads) == 2 and art.digest[7:] in uploads[-1]  # weights, then export
+            lines = server.output().splitlines()
+            uploads = [line for line in lines if "PUT /api/v1/blobs/" in line]
+            assert len(uploads) == 1  # the weights, for their push
+            # The export's blob goes to the exports' own route (/blobs takes a push's only).
+            (export_upload,) = [line for line in lines
+                                if "PUT /api/v1/models/mlp/versions/1/exports/blobs/" in line]
+            assert art.digest[7:] in export_upload and " 201" in export_upload
             # Another client finds it stored, downloads it through the server and verifies it.
             listed = other.list_exports("mlp:v1")
             assert [(a.format, a.digest) for a in listed] == [("pt2", art.digest)]

@@ -137,8 +137,12 @@ def test_two_phase_push_is_invisible_until_commit(server: Service,
                       json=_one_file(digest, len(data))).json()["version"] == 2
 
 
-def test_upload_with_wrong_bytes_is_refused(server: Service) -> None:
+def test_upload_with_wrong_bytes_is_refused(server: Service,
+                                            request: pytest.FixtureRequest) -> None:
     digest = "sha256:" + hashlib.sha256(b"the real bytes").hexdigest()
+    begun = httpx.post(f"{server.url}/api/v1/models/{_name(request)}/pushes",
+                       json=_one_file(digest, len(b"the real bytes")))
+    assert begun.status_code == 200, begun.text
     response = httpx.put(f"{server.url}/api/v1/blobs/{digest}", content=b"other bytes")
     assert response.status_code == 422
     error = response.json()["error"]
@@ -253,3 +257,29 @@ def test_multi_shard_push_uploads_only_the_shard_the_server_lacks(
     assert len(list((tmp_path / "puller" / "cache" / "blobs" / "sha256").iterdir())) == 5
     for reg in (first, other, puller):
         reg.close()
+
+
+def test_uploads_only_for_a_push_in_progress_and_no_larger(server: Service,
+                                                           request: pytest.FixtureRequest) -> None:
+    api = server.url + "/api/v1"
+    data = b"bytes that some push declared"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    # No push lists this digest: 409, and nothing is stored.
+    stray = httpx.put(f"{api}/blobs/{digest}", content=data)
+    assert stray.status_code == 409, stray.text
+    assert stray.json()["error"]["code"] == "unexpected_upload"
+    assert digest in stray.json()["error"]["message"]
+    assert "begin the push first" in stray.json()["error"]["message"]
+    assert httpx.head(f"{api}/blobs/{digest}").status_code == 404
+    # A push declares 8 bytes; more than that is refused before it is read, nothing stored.
+    short = data[:8]
+    short_digest = "sha256:" + hashlib.sha256(short).hexdigest()
+    name = _name(request)
+    assert httpx.post(f"{api}/models/{name}/pushes",
+                      json=_one_file(short_digest, len(short))).status_code == 200
+    oversized = httpx.put(f"{api}/blobs/{short_digest}", content=data)
+    assert oversized.status_code == 409, oversized.text
+    assert "reserved 8" in oversized.json()["error"]["message"]
+    assert httpx.head(f"{api}/blobs/{short_digest}").status_code == 404
+    # The declared bytes go in.
+    assert httpx.put(f"{api}/blobs/{short_digest}", content=short).status_code == 201
