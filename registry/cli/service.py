@@ -5,8 +5,10 @@ Heavy imports (uvicorn, fastapi, mlflow) happen inside the commands.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -153,10 +155,38 @@ def ui(ctx: click.Context, host: str, port: int) -> None:
                f"http://{host}:{port}/#/models (Ctrl-C to stop)", err=True)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                "--host", host, "--port", str(port), "--workers", "1"]
+    sys.exit(run_process_group(command))
+
+
+def run_process_group(command: list[str], *, stop_timeout_s: float = 10.0) -> int:
+    """Run ``command`` in a process group of its own and return its exit status; SIGTERM,
+    SIGINT or SIGHUP to us ends the whole group (``mlflow server`` starts uvicorn and worker
+    children that would otherwise outlive us under ``docker stop`` or a supervisor)."""
+    proc = subprocess.Popen(command, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        sys.exit(subprocess.call(command))
-    except KeyboardInterrupt:
-        sys.exit(130)
+        while True:
+            try:
+                code = proc.wait(timeout=stop_timeout_s if received else None)
+                break
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        # Whatever the leader did, its children go with it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + received[0] if received else code
 
 
 COMMANDS = [serve, token, mlflow, ui]
