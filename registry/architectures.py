@@ -83,8 +83,8 @@ def _transformers_record(module: nn.Module) -> dict[str, Any]:
 
 def _timm_record(module: nn.Module) -> dict[str, Any]:
     cfg = getattr(module, "pretrained_cfg", None) or getattr(module, "default_cfg", None)
-    arch = cfg.get("architecture") if isinstance(cfg, Mapping) else None
-    if not isinstance(arch, str) or not arch:
+    if not isinstance(cfg, Mapping) or not isinstance(arch := cfg.get("architecture"), str) \
+            or not arch:
         return {}
     kwargs: dict[str, Any] = {"model_name": arch}
     classes = getattr(module, "num_classes", None)
@@ -187,10 +187,14 @@ def transformers_builder(architecture: Mapping[str, Any], ref: str) -> Callable[
         raise ArchitectureUnknownError(
             f"{ref} is a transformers {name}; install transformers to rebuild it ({_INSTALL}), "
             "or pass model= to pull") from None
-    cls = getattr(transformers, name, None)
+    try:
+        cls = getattr(transformers, name, None)
+    except (ImportError, RuntimeError):  # a lazily exported name whose own imports fail
+        cls = None
+    config_class = getattr(cls, "config_class", None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
-            and isinstance(cls.config_class, type)
-            and issubclass(cls.config_class, transformers.PretrainedConfig)):
+            and isinstance(config_class, type)
+            and issubclass(config_class, transformers.PretrainedConfig)):
         raise UntrustedFactoryError(
             f"{ref} records class {architecture['class']!r}, which is not a PreTrainedModel class "
             "that transformers exports; it was not built. Pass model= to pull")
@@ -198,7 +202,7 @@ def transformers_builder(architecture: Mapping[str, Any], ref: str) -> Callable[
     generation = _without_loading_keys(architecture.get("generation_config") or {})
 
     def make() -> nn.Module:
-        model = cls._from_config(cls.config_class.from_dict(config))
+        model = cls._from_config(config_class.from_dict(config))
         if generation:
             model.generation_config = transformers.GenerationConfig.from_dict(generation)
         return model

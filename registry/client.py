@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures
+from . import architectures, placement
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from . import placement
 from .backends import Backend, GcReport, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
