@@ -19,7 +19,7 @@ from torch import nn
 
 from . import architectures
 from . import devices as dev
-from .errors import ArchitectureUnknownError, StateDictMismatchError
+from .errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from .factories import resolve_factory
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
@@ -112,7 +112,15 @@ def build_module(
         return build_on_meta_or_cpu(model, repr(model), stored)
     recorded_build = architectures.builder(architecture, ref)
     if recorded_build is not None:
-        return build_on_meta_or_cpu(recorded_build, str(architecture.get("class")), stored)
+        origin = str(architecture.get("class"))
+        try:
+            return build_on_meta_or_cpu(recorded_build, origin, stored)
+        except RegistryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a recorded config is untrusted input
+            raise ArchitectureUnknownError(
+                f"{ref}: building {origin} from its recorded config failed ({type(exc).__name__}"
+                f": {quoted(str(exc))}); pass model= to pull") from None
     factory = architecture.get("factory")
     if not factory:
         recorded = architecture.get("class")
