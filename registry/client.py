@@ -133,7 +133,8 @@ class Registry:
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
-        weights = normalize(model, precision=precision, keep_in_fp32=prefixes)
+        weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
+                            record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
         if target is None:
             target = architectures.default_name(tag_map, architecture)

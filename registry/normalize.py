@@ -61,8 +61,12 @@ def normalize(
     *,
     precision: str | None = None,
     keep_in_fp32: Iterable[str] = (),
+    record_architecture: bool = True,
 ) -> NormalizedWeights:
-    """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`."""
+    """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`.
+
+    ``record_architecture``: record how to rebuild a transformers or timm module (off when the
+    caller records a factory of its own)."""
     wrapping: list[str] = []
     source: dict[str, Any] = {}
     architecture: dict[str, Any] = {}
@@ -71,7 +75,8 @@ def normalize(
         inner, wrapping = unwrap(model)
         _refuse_quantized(inner.named_modules())
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
-        architecture.update(capture(inner))
+        if record_architecture:
+            architecture.update(capture(inner))
         declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
         raw, metadata = _module_state_dict(inner)
         source["input"] = "module"

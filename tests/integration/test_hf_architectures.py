@@ -261,3 +261,19 @@ def test_pulling_an_hf_version_without_transformers_says_what_to_install(home: P
     assert lines[0].startswith("ArchitectureUnknownError") and "registry[hf]" in lines[0]
     assert lines[1].startswith("ArchitectureUnknownError") and "registry[hf]" in lines[1]
     assert int(lines[2]) > 0
+
+
+def test_an_explicit_factory_wins_over_the_recorded_architecture(reg: Registry) -> None:
+    arch = reg.push(_resnet(), "r", factory="timm:create_model",
+                    factory_kwargs={"model_name": "resnet18", "num_classes": 10}
+                    ).metadata["architecture"]
+    assert arch["factory_kwargs"] == {"model_name": "resnet18", "num_classes": 10}
+    bert = reg.push(_bert(), "b", factory="transformers:BertModel")
+    assert "kind" not in bert.metadata["architecture"]
+
+
+def test_show_names_the_class_and_model_type(reg: Registry) -> None:
+    from registry.display import version_table
+
+    table = version_table(reg.push(_bert(), "b"))
+    assert "transformers:BertModel (from its config, model_type=bert)" in table
