@@ -277,3 +277,20 @@ def test_show_names_the_class_and_model_type(reg: Registry) -> None:
 
     table = version_table(reg.push(_bert(), "b"))
     assert "transformers:BertModel (from its config, model_type=bert)" in table
+
+
+@pytest.mark.slow  # starting the server takes ~10 s
+def test_through_a_server_a_nameless_push_pulls_without_model(tmp_path: Path) -> None:
+    from tests.integration.serving import registry_server
+
+    with registry_server(tmp_path / "server-home", tmp_path) as service:
+        remote = Registry(service.url, home=tmp_path / "client")
+        try:
+            model = _t5().eval()
+            assert remote.push(model).ref == "t5:v1"
+            pulled = remote.pull("t5", device="cpu")
+            assert pulled.lm_head.weight.data_ptr() == pulled.shared.weight.data_ptr()
+            with torch.no_grad():
+                torch.testing.assert_close(_run("t5", pulled), _run("t5", model))
+        finally:
+            remote.close()
