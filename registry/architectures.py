@@ -78,6 +78,15 @@ def _transformers_record(module: nn.Module) -> dict[str, Any]:
         diff.pop("transformers_version", None)
         if diff:
             record["generation_config"] = diff
+    problem = check(record)
+    try:
+        json.dumps(record, allow_nan=False)
+    except ValueError as exc:
+        problem = f"holds {exc}"
+    if problem:
+        log.warning("%s is pushed without its config, which pull could not use (%s); pull it "
+                    "with model=", cls.__name__, problem)
+        return {}
     return record if _rebuilds(transformers_builder(record, "push"), module) else {}
 
 

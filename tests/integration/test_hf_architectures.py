@@ -294,3 +294,14 @@ def test_through_a_server_a_nameless_push_pulls_without_model(tmp_path: Path) ->
                 torch.testing.assert_close(_run("t5", pulled), _run("t5", model))
         finally:
             remote.close()
+
+
+def test_a_config_that_json_cannot_hold_is_not_recorded(reg: Registry,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    model = _bert()
+    model.config.layer_norm_eps = float("inf")  # a manifest holds plain JSON only
+    version = reg.push(model, "b")
+    assert "config" not in version.metadata["architecture"]
+    assert "pull it with model=" in caplog.text
+    pulled = reg.pull("b", device="cpu", model=lambda: type(model)(model.config))
+    assert torch.equal(pulled.pooler.dense.weight, model.pooler.dense.weight)
