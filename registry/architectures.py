@@ -38,6 +38,9 @@ _LOADING_KEYS = frozenset({"auto_map", "attn_implementation", "_attn_implementat
                            "_attn_implementation_internal", "experts_implementation",
                            "_experts_implementation", "quantization_config",
                            "trust_remote_code", "custom_generate"})
+# A config's dtype string is looked up on torch (getattr(torch, name)): only these are kept.
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+_DTYPE_KEYS = frozenset({"dtype", "torch_dtype"})
 _INSTALL = "pip install 'registry[hf]'"
 log = logging.getLogger(__name__)
 
@@ -210,8 +213,14 @@ def transformers_builder(architecture: Mapping[str, Any], ref: str) -> Callable[
     config = _without_loading_keys(architecture.get("config", {}))
     generation = _without_loading_keys(architecture.get("generation_config") or {})
 
+    dtype = config.get("dtype", config.get("torch_dtype"))
+    dtype = dtype if dtype in _FLOAT_DTYPES else None
+
     def make() -> nn.Module:
-        model = cls._from_config(config_class.from_dict(config))
+        import torch
+
+        model = cls._from_config(config_class.from_dict(config),
+                                 dtype=getattr(torch, dtype) if dtype else None)
         if generation:
             model.generation_config = transformers.GenerationConfig.from_dict(generation)
         return model
@@ -221,7 +230,9 @@ def transformers_builder(architecture: Mapping[str, Any], ref: str) -> Callable[
 
 def _without_loading_keys(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_loading_keys(v) for k, v in value.items() if k not in _LOADING_KEYS}
+        return {k: _without_loading_keys(v) for k, v in value.items()
+                if k not in _LOADING_KEYS and not (k in _DTYPE_KEYS and isinstance(v, str)
+                                                   and v not in _FLOAT_DTYPES)}
     if isinstance(value, list):
         return [_without_loading_keys(v) for v in value]
     return value

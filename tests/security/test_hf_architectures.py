@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+import torch
 from sqlalchemy import text
 
 from registry import (
@@ -97,13 +98,15 @@ def test_a_config_that_asks_for_remote_code_or_hub_kernels_is_built_without_them
         auto_map={"AutoModel": "evil/repo--modeling.Evil"},
         attn_implementation="kernels-community/evil", _attn_implementation="kernels-community/x",
         quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True},
-        trust_remote_code=True)
+        trust_remote_code=True, dtype="set_default_device", torch_dtype="load")
     _edit_architecture(reg, "bert", architecture)
     pulled = reg.pull("bert", device="cpu")
     assert type(pulled) is type(model)
     assert "kernels-community" not in str(pulled.config._attn_implementation)
     assert not hasattr(pulled.config, "auto_map")
     assert not hasattr(pulled.config, "quantization_config")
+    assert pulled.embeddings.word_embeddings.weight.device.type == "cpu"
+    assert pulled.config.dtype in (None, torch.float32)  # not getattr(torch, <hostile name>)
 
 
 def test_a_config_of_another_architecture_fails_as_a_mismatch(reg: Registry) -> None:
