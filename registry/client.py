@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from . import architectures, placement
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from . import placement
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
@@ -98,7 +98,7 @@ class Registry:
     def push(
         self,
         model: ModelInput,
-        name: str,
+        name: str | None = None,
         *,
         tags: Mapping[str, str] | None = None,
         aliases: Iterable[str] = (),
@@ -110,11 +110,15 @@ class Registry:
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
+        Without ``name``, the version is named by ``tags["name"]`` or after what was pushed (a
+        transformers model's ``name_or_path`` or ``model_type``, the timm architecture, the
+        factory, the class); ``ModelVersion.ref`` says which.
+
         Weights are cut into safetensors shards of about ``shard_size`` (default
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
         """
-        target, claim = parse_push_target(name)
+        target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
         architecture: dict[str, Any] = {}
@@ -130,8 +134,11 @@ class Registry:
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
-        weights = normalize(model, precision=precision, keep_in_fp32=prefixes)
+        weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
+                            record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
+        if target is None:
+            target = architectures.default_name(tag_map, architecture)
         staged = write_shards(weights.tensors, target_size, self._backend.staging_dir())
         try:
             files = [s.file for s in staged]
@@ -205,6 +212,7 @@ class Registry:
                                 facts=facts)
         state = self._read(record, placed.device_of, policy, tied)
         mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
+        architectures.retie(module)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
         module.registry_ref = ref_text  # type: ignore[assignment]
         return module

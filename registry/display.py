@@ -51,6 +51,9 @@ def _architecture(arch: dict[str, Any]) -> str:
         kwargs = arch.get("factory_kwargs") or {}
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         return f"{factory}({args})"
+    config = arch.get("config")
+    if arch.get("kind") == "transformers" and isinstance(config, dict):
+        return f"{arch.get('class')} (from its config, model_type={config.get('model_type')})"
     return str(arch.get("class") or "unknown (pull with model=)")
 
 

@@ -39,6 +39,7 @@ _MAX_FACTORY = 300
 _FETCHING_KWARG_RE = re.compile(
     r"(?:^|_)(?:pretrained|weights|checkpoint|ckpt|url|path|file|dir|cache|hub|download)(?:_|$)")
 _HARMLESS_KWARGS = frozenset({"init_weights"})  # torchvision's VGG/GoogLeNet: random init only
+_EXTRA_HINT = {"timm": " (pip install 'registry[hf]')"}
 
 
 def resolve_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:
@@ -69,7 +70,8 @@ def _trusted_target(factory: str, module_name: str, attrs: list[str]) -> Callabl
     except (ImportError, AttributeError) as exc:
         raise ArchitectureUnknownError(
             f"recorded factory {factory!r} cannot be imported here ({quoted(str(exc))}); install "
-            "the package that provides it, or pass model= to pull"
+            f"the package that provides it{_EXTRA_HINT.get(module_name.split('.')[0], '')}, or "
+            "pass model= to pull"
         ) from None
     if not callable(target):
         raise UntrustedFactoryError(f"recorded factory {factory!r} is not callable; pass model= "

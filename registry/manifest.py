@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
+from . import architectures
 from .digests import check_digest, hexdigest, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .validate import MAX_BLOB_BYTES
@@ -177,6 +178,9 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
             json.dumps(_obj(m.get(part, {}), part, origin), allow_nan=False)
         except (TypeError, ValueError) as exc:
             _fail(origin, part, str(exc), "plain JSON (no NaN or infinity)")
+    if problem := architectures.check(m.get("architecture", {})):
+        raise ManifestError(f"manifest {origin} is invalid: architecture {problem}; it was not "
+                            "used")
     tags = _obj(m.get("tags", {}), "tags", origin)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import architectures
 from . import devices as dev
-from .errors import ArchitectureUnknownError, StateDictMismatchError
+from .errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from .factories import resolve_factory
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
@@ -94,7 +95,7 @@ def build_module(
     ref: str,
     stored: Collection[str] | None = None,
 ) -> nn.Module:
-    """The module to fill: ``model=``, else the factory recorded at push.
+    """The module to fill: ``model=``, else the transformers class or factory recorded at push.
 
     A callable or factory is built with its parameters on ``meta``; where that raises, or
     leaves on ``meta`` a tensor that ``stored`` (the keys the weights fill) lacks, the module
@@ -109,6 +110,17 @@ def build_module(
                 f"{type(model).__name__}"
             )
         return build_on_meta_or_cpu(model, repr(model), stored)
+    recorded_build = architectures.builder(architecture, ref)
+    if recorded_build is not None:
+        origin = str(architecture.get("class"))
+        try:
+            return build_on_meta_or_cpu(recorded_build, origin, stored)
+        except RegistryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a recorded config is untrusted input
+            raise ArchitectureUnknownError(
+                f"{ref}: building {origin} from its recorded config failed ({type(exc).__name__}"
+                f": {quoted(str(exc))}); pass model= to pull") from None
     factory = architecture.get("factory")
     if not factory:
         recorded = architecture.get("class")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .architectures import capture
 from .checkpoints import read_checkpoint
 from .devices import device_sort_key
 from .errors import NormalizationError
@@ -60,21 +61,29 @@ def normalize(
     *,
     precision: str | None = None,
     keep_in_fp32: Iterable[str] = (),
+    record_architecture: bool = True,
 ) -> NormalizedWeights:
-    """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`."""
+    """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`.
+
+    ``record_architecture``: record how to rebuild a transformers or timm module (off when the
+    caller records a factory of its own)."""
     wrapping: list[str] = []
     source: dict[str, Any] = {}
     architecture: dict[str, Any] = {}
     declared_fp32 = list(keep_in_fp32)
     if isinstance(model, nn.Module):
         inner, wrapping = unwrap(model)
+        _refuse_quantized(inner.named_modules())
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
+        if record_architecture:
+            architecture.update(capture(inner))
         declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
         raw, metadata = _module_state_dict(inner)
         source["input"] = "module"
         params = sum(p.numel() for p in {id(p): p for p in inner.parameters()}.values())
     elif isinstance(model, Mapping):
         raw = dict(model)
+        _refuse_quantized((k, v) for k, v in raw.items() if "_packed_params" in str(k).split("."))
         metadata = module_metadata_of(model)
         source["input"] = "state_dict"
         params = None
@@ -274,6 +283,23 @@ def _strip_wrapper_keys(
             if label not in seen_order:
                 seen_order.append(label)
     return renamed, seen_order
+
+
+def _refuse_quantized(parts: Iterable[tuple[str, object]]) -> None:
+    """Refuse a quantized module (``quantize_dynamic``, ``convert``) or its state dict before its
+    first packed entry is refused as an odd value."""
+    for path, part in parts:
+        where = type(part).__module__
+        if isinstance(part, nn.Module) and ".quantized" in where and where.startswith("torch."):
+            what = f"module {path or '(the model)'!r} is a quantized {type(part).__name__}"
+        elif "_packed_params" in path:
+            what = f"entry {path!r} holds packed quantized parameters"
+        else:
+            continue
+        raise NormalizationError(
+            f"{what}: quantized modules are not stored yet. Push the float model (the one "
+            "before torch.ao.quantization.quantize_dynamic), and quantize after pulling: "
+            "quantize_dynamic(registry.pull(ref), {nn.Linear}, dtype=torch.qint8)")
 
 
 def _check_storable(key: str, tensor: torch.Tensor) -> None:
