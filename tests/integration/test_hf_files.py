@@ -258,3 +258,37 @@ def test_files_through_a_server(tmp_path: Path) -> None:
         finally:
             pusher.close()
             puller.close()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "t5", "bert"])
+def test_tied_weights_of_a_module_push_are_written_as_transformers_writes_them(
+        reg: registry.Registry, tmp_path: Path, kind: str) -> None:
+    """A module push stores tied weights once (``lm_head.weight`` an alias of the embeddings);
+    the directory leaves the aliases out, as transformers' own save_pretrained does. The
+    architecture a module push records is given here as it will be recorded (issue 11 item 1)."""
+    from registry.pretrained import write_pretrained
+
+    model = _build(kind)
+    mv = reg.push(model, kind)
+    assert mv.metadata["source"]["tied"]
+    manifest = {k: v for k, v in mv.metadata.items() if k != "push"}
+    manifest["architecture"] = {"kind": "transformers",
+                                "class": f"transformers:{type(model).__name__}",
+                                "config": model.config.to_dict()}
+    out = write_pretrained(manifest, reg.backend.blob_path, tmp_path / "hf", "auto", mv.ref)
+    torch.testing.assert_close(_outputs(_loads_cleanly(out, kind), kind), _outputs(model, kind))
+
+
+def test_pull_files_stays_inside_the_destination(reg: registry.Registry, tmp_path: Path) -> None:
+    (tmp_path / "labels.json").write_text("[]")
+    reg.push(trained_mlp(), "mlp", files={"meta/labels.json": tmp_path / "labels.json"})
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (dest / "meta").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(NormalizationError, match="outside"):
+        reg.pull_files("mlp", dest)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NormalizationError, match="is not a folder"):
+        reg.pull_files("mlp", tmp_path / "afile")
