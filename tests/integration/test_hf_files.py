@@ -253,7 +253,8 @@ def test_files_through_a_server(tmp_path: Path) -> None:
             out = puller.save_pretrained("gpt2", tmp_path / "hf")
             torch.testing.assert_close(_outputs(_loads_cleanly(out, "gpt2"), "gpt2"),
                                        _outputs(model, "gpt2"))
-            again = pusher.push(source, "gpt2", shard_size="20KB")  # unchanged files are not sent again
+            # Unchanged files are not sent again.
+            again = pusher.push(source, "gpt2", shard_size="20KB")
             assert again.metadata["push"]["files_uploaded"] == 0
         finally:
             pusher.close()
