@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -74,6 +75,9 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
             count = len(mv.metadata.get("attachments", []))
             click.echo(f"wrote {count} file(s) of {mv.ref} to {where}")
         return
+    if os.path.isdir(output):
+        raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
+                               "--format hf / --files to write into a folder")
     import torch
 
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD

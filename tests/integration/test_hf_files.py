@@ -186,6 +186,9 @@ def test_files_with_a_module_push_and_refusals(reg: registry.Registry, tmp_path:
     out = registry.Registry(home=reg.settings.home).pull_files("mlp", tmp_path / "got")
     assert (out / "meta" / "labels.json").read_text() == '["cat", "dog"]'
     assert (out / "vocab.txt").read_text() == "a\nb\n"
+    reg.gc()  # attached files are kept as long as their version lives
+    again = reg.pull_files("mlp", tmp_path / "again")
+    assert (again / "vocab.txt").read_text() == "a\nb\n"
 
     with pytest.raises(ArchitectureUnknownError, match="mlp:v1 records no transformers config"):
         reg.save_pretrained("mlp", tmp_path / "hf")
@@ -224,6 +227,9 @@ def test_cli_push_with_files_and_pull_hf(home: Path, tmp_path: Path) -> None:
     assert (tmp_path / "files" / "notes.txt").read_text() == "notes"
     assert (tmp_path / "files" / "config.json").read_bytes() \
         == (source / "config.json").read_bytes()
+    shown = run_cli("show", "gpt2", env=env, check=True).stdout
+    assert "files         config.json, generation_config.json, notes.txt (3 files" in shown
+    assert "architecture  transformers:GPT2LMHeadModel" in shown
     run_cli("pull", "gpt2", "--format", "hf", "-o", str(tmp_path / "hf"), env=env, check=True)
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
     torch.testing.assert_close(_outputs(_loads_cleanly(tmp_path / "hf", "gpt2"), "gpt2"),
@@ -233,6 +239,8 @@ def test_cli_push_with_files_and_pull_hf(home: Path, tmp_path: Path) -> None:
     run_cli("push", "mlp", str(tmp_path / "mlp.pt"), env=env, check=True)
     refused = run_cli("pull", "mlp", "--format", "hf", "-o", str(tmp_path / "no"), env=env)
     assert refused.returncode != 0 and "records no transformers config" in refused.stderr
+    into_folder = run_cli("pull", "mlp", "-o", str(tmp_path), env=env)
+    assert into_folder.returncode == 2 and "is a folder" in into_folder.stderr
 
 
 def test_files_through_a_server(tmp_path: Path) -> None:
