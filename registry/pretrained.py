@@ -11,7 +11,9 @@ Tied weights are written once, under the name the version stored (the first in s
 which is the name transformers keeps: ``transformer.wte.weight``, not ``lm_head.weight``); the
 aliases are left out as transformers' own ``save_pretrained`` leaves them out, and re-tied by the
 model's config on load. With ``dtype="auto"`` each shard is the verified stored blob copied byte
-for byte; another dtype casts floating tensors (keep-in-fp32 prefixes stay float32).
+for byte; another dtype casts floating tensors (keep-in-fp32 prefixes stay float32). Writing
+into a folder that already holds ``model*.safetensors`` files replaces them, so an old
+``model.safetensors`` is never loaded instead of new shards.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from .files import VersionFile, weight_files
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
-# Weights files a previous write (or transformers) may have left that would confuse a loader.
-_STALE = re.compile(r"(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
-                    r"|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json)")
+# safetensors weights a previous write may have left: transformers loads a ``model.safetensors``
+# before an index, so one left beside new shards would be loaded instead of them. Other files
+# (a ``pytorch_model.bin``, which transformers reads only without safetensors) are left alone.
+_STALE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
 
 
 def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, Any]:

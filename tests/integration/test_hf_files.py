@@ -215,32 +215,38 @@ def test_oversized_file_is_refused_and_nothing_is_visible(
     assert not [p for p in home.rglob("file-*") if p.is_file()]  # no staged copy left
 
 
-def test_cli_push_with_files_and_pull_hf(home: Path, tmp_path: Path) -> None:
+def test_cli_push_with_files_and_pull_hf(reg: registry.Registry, home: Path,
+                                         tmp_path: Path) -> None:
+    from registry.display import version_table
+
     env = clean_env(home)
     model = _build("gpt2")
     source = _save(model, tmp_path / "src", "sharded")
     (tmp_path / "notes.txt").write_text("notes")
     run_cli("push", "gpt2", str(source), "--file", f"notes.txt={tmp_path / 'notes.txt'}",
             "--shard-size", "20KB", env=env, check=True)
+    shown = version_table(reg.show("gpt2"))
+    assert "files         config.json, generation_config.json, notes.txt (3 files" in shown
+    assert "architecture  transformers:GPT2LMHeadModel" in shown
     got = run_cli("pull", "gpt2", "--files", "-o", str(tmp_path / "files"), env=env, check=True)
     assert "file(s) of gpt2:v1" in got.stdout
     assert (tmp_path / "files" / "notes.txt").read_text() == "notes"
     assert (tmp_path / "files" / "config.json").read_bytes() \
         == (source / "config.json").read_bytes()
-    shown = run_cli("show", "gpt2", env=env, check=True).stdout
-    assert "files         config.json, generation_config.json, notes.txt (3 files" in shown
-    assert "architecture  transformers:GPT2LMHeadModel" in shown
     run_cli("pull", "gpt2", "--format", "hf", "-o", str(tmp_path / "hf"), env=env, check=True)
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
     torch.testing.assert_close(_outputs(_loads_cleanly(tmp_path / "hf", "gpt2"), "gpt2"),
                                _outputs(model, "gpt2"))
 
-    torch.save(trained_mlp().state_dict(), tmp_path / "mlp.pt")
-    run_cli("push", "mlp", str(tmp_path / "mlp.pt"), env=env, check=True)
+    reg.push(trained_mlp(), "mlp")
     refused = run_cli("pull", "mlp", "--format", "hf", "-o", str(tmp_path / "no"), env=env)
     assert refused.returncode != 0 and "records no transformers config" in refused.stderr
-    into_folder = run_cli("pull", "mlp", "-o", str(tmp_path), env=env)
-    assert into_folder.returncode == 2 and "is a folder" in into_folder.stderr
+    from click.testing import CliRunner
+
+    from registry.cli import cli
+
+    into_folder = CliRunner().invoke(cli, ["pull", "mlp", "-o", str(tmp_path)])
+    assert into_folder.exit_code == 2 and "is a folder" in into_folder.output
 
 
 def test_files_through_a_server(tmp_path: Path) -> None:
