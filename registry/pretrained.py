@@ -88,6 +88,10 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
     for shard in shards:
         _write_shard(root / shard.name, shard, blob_path, specs, dtype_of, requested, origin)
 
+    recorded_class = str(arch.get("class", ""))
+    if not config.get("architectures") and recorded_class.startswith("transformers:"):
+        # As transformers' save_pretrained does for a model built from a bare config.
+        config["architectures"] = [recorded_class.removeprefix("transformers:")]
     written = {k: dtype_of(k, getattr(torch, s["dtype"])) for k, s in specs.items()}
     floating = Counter(str(d).removeprefix("torch.") for d in written.values()
                        if d.is_floating_point)

@@ -91,9 +91,17 @@ def _save(model: Any, directory: Path, how: str) -> Path:
     return directory
 
 
+AUTO = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM",
+        "bert": "AutoModelForMaskedLM", "t5": "AutoModelForSeq2SeqLM"}
+
+
 def _loads_cleanly(directory: Path, kind: str) -> Any:
-    cls = type(BUILDERS[kind]())
-    loaded, info = cls.from_pretrained(directory, output_loading_info=True)
+    """The model transformers' Auto class loads from ``directory``, with nothing missing,
+    unexpected or mismatched."""
+    auto = getattr(transformers, AUTO[kind])
+    loaded, info = auto.from_pretrained(directory, output_loading_info=True)
+    assert type(loaded).__name__ == json.loads((directory / "config.json").read_text())[
+        "architectures"][0]
     assert not info["missing_keys"], info
     assert not info["unexpected_keys"], info
     assert not info.get("mismatched_keys"), info
@@ -291,6 +299,8 @@ def test_tied_weights_of_a_module_push_are_written_as_transformers_writes_them(
                                 "class": f"transformers:{type(model).__name__}",
                                 "config": model.config.to_dict()}
     out = write_pretrained(manifest, reg.backend.blob_path, tmp_path / "hf", "auto", mv.ref)
+    assert json.loads((out / "config.json").read_text())["architectures"] \
+        == [type(model).__name__]
     torch.testing.assert_close(_outputs(_loads_cleanly(out, kind), kind), _outputs(model, kind))
 
 
