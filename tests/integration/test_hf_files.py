@@ -9,6 +9,7 @@ transformers with no missing or unexpected keys and the same outputs.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -257,13 +258,13 @@ def test_cli_push_with_files_and_pull_hf(reg: registry.Registry, home: Path,
     assert into_folder.exit_code == 2 and "is a folder" in into_folder.output
 
 
-def test_files_through_a_server(tmp_path: Path) -> None:
+def _files_through_a_server(tmp_path: Path, env: dict[str, str] | None = None) -> None:
     from tests.integration.serving import registry_server
 
     model = _build("gpt2")
     source = _save(model, tmp_path / "src", "sharded")
     _tokenizer(source)
-    with registry_server(tmp_path / "server-home", tmp_path) as service:
+    with registry_server(tmp_path / "server-home", tmp_path, env_extra=env) as service:
         pusher = registry.Registry(service.url, home=tmp_path / "pusher")
         puller = registry.Registry(service.url, home=tmp_path / "puller")
         try:
@@ -281,6 +282,23 @@ def test_files_through_a_server(tmp_path: Path) -> None:
         finally:
             pusher.close()
             puller.close()
+
+
+def test_files_through_a_server(tmp_path: Path) -> None:
+    _files_through_a_server(tmp_path)
+
+
+@pytest.mark.s3
+def test_files_through_a_server_on_s3(s3_endpoint: str, s3_store_url: str,
+                                      tmp_path: Path) -> None:
+    """On S3 the files travel by presigned URL, straight between the client and the store."""
+    from tests.integration.conftest import DUMMY_KEY_ID, DUMMY_SECRET
+
+    _files_through_a_server(tmp_path, {
+        "REGISTRY_STORE_URL": s3_store_url, "REGISTRY_S3_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": DUMMY_KEY_ID, "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull})
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "t5", "bert"])
