@@ -6,6 +6,7 @@ Their signatures are the facade's, kept equal by tests/unit/test_exported_member
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,12 +43,14 @@ def push(model: ModelInput, name: str | None = None, *, tags: Mapping[str, str] 
          aliases: Iterable[str] = (), factory: str | Any = None,
          factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
          keep_in_fp32: Iterable[str] = (),
-         shard_size: int | str | None = None) -> ModelVersion:
+         shard_size: int | str | None = None,
+         files: Mapping[str, str | os.PathLike[str]] | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted); see
     :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
-                                   keep_in_fp32=keep_in_fp32, shard_size=shard_size)
+                                   keep_in_fp32=keep_in_fp32, shard_size=shard_size,
+                                   files=files)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
@@ -58,6 +61,17 @@ def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest 
     return default_registry().pull(ref, device=device, dtype=dtype, model=model,
                                    device_map=device_map, max_memory=max_memory,
                                    no_split=no_split, align_inputs=align_inputs)
+
+
+def pull_files(ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
+    """Write the files attached to ``ref`` under ``dest_dir``; see :meth:`Registry.pull_files`."""
+    return default_registry().pull_files(ref, dest_dir)
+
+
+def save_pretrained(ref: str | Ref, dest_dir: str | os.PathLike[str],
+                    dtype: DtypeRequest = "auto") -> Path:
+    """Write ``ref`` as a from_pretrained directory; see :meth:`Registry.save_pretrained`."""
+    return default_registry().save_pretrained(ref, dest_dir, dtype)
 
 
 def pull_state_dict(ref: str | Ref, *, device: DeviceRequest = "auto",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures, placement
+from . import architectures, attachments, placement
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -107,12 +107,16 @@ class Registry:
         precision: str | None = None,
         keep_in_fp32: Iterable[str] = (),
         shard_size: int | str | None = None,
+        files: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
         Without ``name``, the version is named by ``tags["name"]`` or after what was pushed (a
         transformers model's ``name_or_path`` or ``model_type``, the timm architecture, the
         factory, the class); ``ModelVersion.ref`` says which.
+
+        ``files`` (name -> path) are attached to the version, as is every non-weight file of a
+        ``save_pretrained`` directory ``model``, whose ``config.json`` is recorded too.
 
         Weights are cut into safetensors shards of about ``shard_size`` (default
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
@@ -134,6 +138,9 @@ class Registry:
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
+        named = attachments.collect(model, files)
+        if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+            architecture = attachments.transformers_architecture(Path(model)) or {}
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
                             record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
@@ -141,7 +148,9 @@ class Registry:
             target = architectures.default_name(tag_map, architecture)
         staged = write_shards(weights.tensors, target_size, self._backend.staging_dir())
         try:
-            files = [s.file for s in staged]
+            staged += attachments.stage(named, self._backend.staging_dir())
+            shards = [s.file for s in staged if s.file.role == "weights"]
+            attached = attachments.manifest_entries([s for s in staged if s.file.role == "file"])
             tensors = {
                 key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                 for key, t in weights.tensors.items()
@@ -154,9 +163,9 @@ class Registry:
                     "name": target,
                     "version": version,
                     "created_at": created_at,
-                    "digest": weights_digest(files),
+                    "digest": weights_digest(shards),
                     "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
-                               "tensors": list(f.tensors)} for f in files],
+                               "tensors": list(f.tensors)} for f in shards],
                     "tensor_count": len(tensors) + len(weights.tied),
                     "tensors": tensors,
                     "extras": weights.extras,
@@ -165,6 +174,7 @@ class Registry:
                     "module_metadata": weights.module_metadata,
                     "key_order": weights.key_order,
                     "tags": tag_map,
+                    **({"attachments": attached} if attached else {}),
                 }
 
             result = self._backend.push(target, claim, staged, manifest_for, tag_map,
@@ -216,6 +226,22 @@ class Registry:
         placement.install_hooks(module, placed, align_inputs=align_inputs)
         module.registry_ref = ref_text  # type: ignore[assignment]
         return module
+
+    def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
+        """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
+        fetched through the verified cache; returns ``dest_dir``."""
+        record = _checked(self._backend.resolve(parse(ref)))
+        return attachments.pull_files(record.manifest, self._backend.blob_path, dest_dir)
+
+    def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
+                        dtype: dev.DtypeRequest = "auto") -> Path:
+        """Write ``ref`` as a directory ``transformers``' ``from_pretrained`` loads: its recorded
+        config, its weights (``dtype`` casts floating tensors) and its attached files."""
+        from .pretrained import write_pretrained
+
+        record = _checked(self._backend.resolve(parse(ref)))
+        return write_pretrained(record.manifest, self._backend.blob_path, dest_dir, dtype,
+                                f"{record.name}:v{record.version}")
 
     def pull_state_dict(
         self,

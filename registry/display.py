@@ -31,6 +31,7 @@ def version_table(mv: ModelVersion) -> str:
         ("parameters", f"{source.get('params', 0):,}"),
         ("size", human_bytes(int(source.get("size_bytes", 0)))),
         ("tensors", str(meta.get("tensor_count", "-"))),
+        ("files", _attachments(meta.get("attachments", []))),
         ("trained on", ", ".join(source.get("devices", [])) or "unknown"),
         ("dtypes", ", ".join(f"{k} x{v}" for k, v in source.get("dtypes", {}).items()) or "-"),
         ("precision", str(source.get("precision", "-"))),
@@ -55,6 +56,15 @@ def _architecture(arch: dict[str, Any]) -> str:
     if arch.get("kind") == "transformers" and isinstance(config, dict):
         return f"{arch.get('class')} (from its config, model_type={config.get('model_type')})"
     return str(arch.get("class") or "unknown (pull with model=)")
+
+
+def _attachments(files: list[dict[str, Any]], shown: int = 6) -> str:
+    """``config.json, tokenizer.json (2 files, 1.2 MiB)``: what travels with the weights."""
+    if not files:
+        return "-"
+    names = ", ".join(f["name"] for f in files[:shown]) + (", …" if len(files) > shown else "")
+    total = human_bytes(sum(int(f["size"]) for f in files))
+    return f"{names} ({len(files)} file{'s' if len(files) != 1 else ''}, {total})"
 
 
 def _input(source: dict[str, Any]) -> str:

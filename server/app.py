@@ -31,6 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from registry import attachments
 from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.catalog.repository import Reservation
@@ -349,6 +350,9 @@ def _version_file(f: PushFile) -> VersionFile:
     """A file of a push request, checked before it reaches the catalog or a store key."""
     if f.role not in ROLES:
         raise RefError(f"invalid file role {f.role[:40]!r}: use one of {', '.join(ROLES)}")
+    if f.role == "file" and f.size > attachments.MAX_FILE_BYTES:
+        raise RefError(f"file {f.name[:120]!r} is {f.size} bytes, over the limit of "
+                       f"{attachments.MAX_FILE_BYTES} bytes for a file attached to a version")
     return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
                        f.size)
 

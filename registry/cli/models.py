@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -21,17 +22,22 @@ from ._context import JsonObject, KeyValue, emit_json, open_registry
 @click.option("--keep-in-fp32", "keep_in_fp32", multiple=True,
               help="Module prefix whose weights always load as float32.")
 @click.option("--shard-size", help="Target shard size, e.g. 512MiB (default REGISTRY_SHARD_SIZE).")
+@click.option("--file", "files", type=KeyValue(), multiple=True,
+              help="Attach a file as NAME=PATH (e.g. tokenizer.json=./tok/tokenizer.json).")
 @click.pass_context
 def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], ...],
          aliases: tuple[str, ...], factory: str | None, factory_kwargs: dict[str, Any] | None,
-         precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None) -> None:
+         precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None,
+         files: tuple[tuple[str, str], ...]) -> None:
     """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
-    version of NAME (or NAME:vN to claim N)."""
+    version of NAME (or NAME:vN to claim N). The other files of a directory (config, tokenizer,
+    model card) are attached to the version, and a transformers config.json is recorded."""
     from ..display import push_summary
 
     mv = open_registry(ctx).push(path, name, tags=dict(tags), aliases=aliases, factory=factory,
-                             factory_kwargs=factory_kwargs, precision=precision,
-                             keep_in_fp32=keep_in_fp32, shard_size=shard_size)
+                                 factory_kwargs=factory_kwargs, precision=precision,
+                                 keep_in_fp32=keep_in_fp32, shard_size=shard_size,
+                                 files=dict(files) or None)
     click.echo(f"pushed {mv.ref} {mv.digest}")
     click.echo(push_summary(mv.metadata["push"]))
 
@@ -41,14 +47,37 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
 @click.option("--device", default="cpu", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
 @click.option("--dtype", default="auto", show_default=True,
               help="auto, float32, float16, bfloat16, float64.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the weights (.safetensors).")
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="Where to write: a .safetensors file, or a folder with --files/--format hf.")
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "hf"]), default="safetensors",
+              show_default=True,
+              help="hf: a folder transformers' from_pretrained loads (config, weights, files).")
+@click.option("--files", "files_only", is_flag=True,
+              help="Write only the files attached to REF (tokenizer, config...) into the folder.")
 @click.pass_context
-def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str) -> None:
-    """Write the weights of REF to a safetensors file, cast as --device/--dtype would load them.
+def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt: str,
+         files_only: bool) -> None:
+    """Write the weights of REF to a safetensors file, cast as --device/--dtype would load them;
+    or, with --format hf, a from_pretrained folder; or, with --files, its attached files.
 
     The tensors follow each other in the pushed state dict's order (``offset_keys()``), which
     the file's metadata also records, with each module's version, for a push of it."""
+    if fmt == "hf" or files_only:
+        if files_only and fmt == "hf":
+            raise click.UsageError("--format hf already writes the attached files; pass one")
+        reg = open_registry(ctx)
+        mv = reg.show(ref)
+        if fmt == "hf":
+            where = reg.save_pretrained(mv.ref, output, dtype)
+            click.echo(f"wrote {mv.ref} as a from_pretrained folder to {where}")
+        else:
+            where = reg.pull_files(mv.ref, output)
+            count = len(mv.metadata.get("attachments", []))
+            click.echo(f"wrote {count} file(s) of {mv.ref} to {where}")
+        return
+    if os.path.isdir(output):
+        raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
+                               "--format hf / --files to write into a folder")
     import torch
 
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD

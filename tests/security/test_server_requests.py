@@ -149,3 +149,18 @@ def test_schemathesis_finds_no_server_errors(server: Service) -> None:
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     log = server.output()
     assert " 500 " not in log and "Traceback" not in log
+
+
+def test_attached_files_over_the_limit_or_with_climbing_names_are_400(server: Service) -> None:
+    from registry.attachments import MAX_FILE_BYTES
+
+    api = server.url + API
+    digest = "sha256:" + hashlib.sha256(b"x").hexdigest()
+    shard = {"role": "weights", "name": "model.safetensors", "digest": digest, "size": 1}
+    for bad, words in (({"size": MAX_FILE_BYTES + 1}, "over the limit"),
+                       ({"name": "../config.json"}, "invalid file name")):
+        attached = {"role": "file", "name": "config.json", "digest": digest, "size": 1, **bad}
+        error = _error(httpx.post(f"{api}/models/attach/pushes",
+                                  json={"version": None, "files": [shard, attached]}), 400)
+        assert words in error["message"]
+    assert httpx.get(f"{api}/resolve", params={"ref": "attach"}).status_code == 404

@@ -1,0 +1,235 @@
+"""Files that travel with the weights: ``config.json``, a tokenizer, a model card.
+
+A push takes them from ``files={"tokenizer.json": path}`` and, when the model is a directory (the
+output of ``save_pretrained``), from every file in it that is not weights: weights files
+(``*.safetensors``, ``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) and shard indexes go through
+normalization and are never stored as they are. Each file (at most :data:`MAX_FILE_BYTES`) is
+copied into staging while it is hashed, so the bytes stored are the bytes hashed, then stored
+content-addressed like a shard and listed in the manifest's ``attachments``.
+
+:func:`pull_files` writes them back under a folder the caller chose, each fetched through the
+verified cache; a name is a checked relative path (:func:`registry.files.check_file_name`), and
+the folder it lands in is checked again to lie inside the destination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
+from .digests import HashingWriter
+from .errors import CheckpointError, NormalizationError
+from .files import StagedFile, VersionFile, check_file_name
+
+MAX_FILE_BYTES = 100 * 2**20
+WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
+_CHUNK = 1024 * 1024
+# Files HF tooling leaves in a model directory that do not belong to the model.
+_SKIPPED_DIRS = {"__pycache__"}
+
+
+def is_weights_name(name: str) -> bool:
+    """Whether ``name`` is a weights file or a shard index (stored through normalization)."""
+    base = name.rsplit("/", 1)[-1]
+    return base in INDEX_FILES or base.lower().endswith(WEIGHT_SUFFIXES)
+
+
+def collect(model: object, files: Mapping[str, str | os.PathLike[str]] | None
+            ) -> dict[str, Path]:
+    """Name -> local path of every file a push attaches: the non-weight files of a directory
+    ``model``, then ``files`` (which win over a directory file of the same name)."""
+    found: dict[str, Path] = {}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        found.update(directory_files(Path(model)))
+    if files is None:
+        return found
+    if not isinstance(files, Mapping):
+        raise NormalizationError(f"files must be a dict of name -> path, got "
+                                 f"{type(files).__name__}")
+    for name, path in files.items():
+        name = check_file_name(name)
+        if is_weights_name(name):
+            raise NormalizationError(
+                f"file {name!r} is a weights file or shard index: weights are pushed as the model "
+                "(a module, a state dict, a checkpoint file or directory), not attached")
+        if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
+            raise NormalizationError(f"file {name!r}: {str(path)[:200]!r} does not exist or is "
+                                     "not a file; pass the path of the file to attach")
+        found[name] = Path(path)
+    return dict(sorted(found.items()))
+
+
+def directory_files(directory: Path) -> dict[str, Path]:
+    """Every non-weight file under ``directory`` by its relative name; hidden files and folders
+    (``.git``, ``.cache``) are not part of a model and are left out. Linked files are read
+    through their link (a Hugging Face cache snapshot is all links); linked folders are not
+    followed."""
+    out: dict[str, Path] = {}
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
+        for file_name in sorted(names):
+            path = Path(root) / file_name
+            name = path.relative_to(directory).as_posix()
+            if file_name.startswith(".") or is_weights_name(name) or not path.is_file():
+                continue
+            out[check_file_name(name)] = path
+    return out
+
+
+def stage(named: Mapping[str, Path], staging: Path) -> list[StagedFile]:
+    """Copy each file into ``staging``, hashing as it copies; refuse one over the limit. On
+    failure nothing is left behind."""
+    staged: list[StagedFile] = []
+    try:
+        for name, path in named.items():
+            staged.append(_stage_one(name, path, staging))
+    except BaseException:
+        for s in staged:
+            s.path.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def _too_large(name: str, size: int) -> NormalizationError:
+    return NormalizationError(
+        f"file {name!r} is {size} bytes, over the limit of {MAX_FILE_BYTES} bytes "
+        f"({MAX_FILE_BYTES // 2**20} MiB) for a file attached to a version; leave it out "
+        "(weights files belong in the model, not in files=)")
+
+
+def _stage_one(name: str, path: Path, staging: Path) -> StagedFile:
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise _too_large(name, size)
+        target = staging / f"file-{uuid.uuid4().hex}"
+        try:
+            with open(path, "rb") as src, open(target, "wb") as fh:
+                out = HashingWriter(fh)
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+                    if out.written > MAX_FILE_BYTES:  # grew while being read
+                        raise _too_large(name, out.written)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise CheckpointError(f"file {name!r} ({str(path)[:200]!r}) cannot be read: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+    return StagedFile(target, VersionFile("file", name, out.digest(), out.written))
+
+
+def manifest_entries(staged: list[StagedFile]) -> list[dict[str, Any]]:
+    """The manifest's ``attachments``: name, digest and size of each file, by name."""
+    return [{"name": s.file.name, "digest": s.digest, "size": s.size}
+            for s in sorted(staged, key=lambda s: s.file.name)]
+
+
+# -- the architecture a save_pretrained directory records --------------------------------------
+
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
+def transformers_architecture(directory: Path) -> dict[str, Any] | None:
+    """``{"kind": "transformers", "class": "transformers:<Class>", "config": {...},
+    "generation_config": {...}}`` from a ``save_pretrained`` directory's ``config.json`` (and
+    ``generation_config.json`` when present); None when it has no config naming its class."""
+    config = _json_file(directory / "config.json")
+    if config is None:
+        return None
+    classes = config.get("architectures")
+    if not isinstance(classes, list) or not classes or not isinstance(classes[0], str) \
+            or not classes[0].isidentifier():
+        return None
+    out: dict[str, Any] = {"kind": "transformers", "class": f"transformers:{classes[0]}",
+                           "config": config}
+    generation = _json_file(directory / "generation_config.json")
+    if generation is not None:
+        out["generation_config"] = generation
+    return out
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; it is "
+                              "not a model config")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON ({str(exc)[:120]}); fix or "
+                              "remove it before pushing the directory") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(path)!r} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# -- pulling them back --------------------------------------------------------------------------
+
+def destination(root: Path, name: str) -> Path:
+    """Where file ``name`` goes under ``root``: a checked name, in a folder that resolves inside
+    ``root`` (a linked sub-folder pointing elsewhere is refused)."""
+    target = root / check_file_name(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    base = root.resolve()
+    parent = target.parent.resolve()
+    if parent != base and base not in parent.parents:
+        raise NormalizationError(f"file {name!r} would be written to {str(parent)!r}, outside "
+                                 f"{str(root)!r} (a linked folder); remove the link or choose "
+                                 "an empty folder")
+    return target
+
+
+def write_file(target: Path, source: Path) -> None:
+    """Copy ``source`` to ``target`` through a temporary file in the same folder, so a reader
+    never sees half a file and an existing link at ``target`` is replaced, not followed."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".registry-")
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_bytes(target: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".registry-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+               dest_dir: str | os.PathLike[str], *, skip: Callable[[str], bool] = lambda _n: False
+               ) -> Path:
+    """Write every attached file of ``manifest`` under ``dest_dir`` (created if missing), each
+    fetched and verified by ``blob_path(digest, size)``; returns ``dest_dir``."""
+    from .files import attached_files
+
+    root = Path(dest_dir)
+    if root.exists() and not root.is_dir():
+        raise NormalizationError(f"{str(root)!r} exists and is not a folder; pass a folder to "
+                                 "write the files into")
+    root.mkdir(parents=True, exist_ok=True)
+    for f in attached_files(manifest):
+        if skip(f.name):
+            continue
+        write_file(destination(root, f.name), blob_path(f.digest, f.size))
+    return root

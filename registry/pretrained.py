@@ -1,0 +1,145 @@
+"""A ``from_pretrained`` directory from a stored version.
+
+:func:`write_pretrained` writes what ``transformers`` loads: ``config.json`` from the config the
+version recorded (its ``dtype`` set to what the weights are written in), ``model.safetensors`` or,
+when the version has several shards, the same shards under Hugging Face's names plus
+``model.safetensors.index.json``, and every attached file (the tokenizer, the model card). The
+recorded config wins over an attached ``config.json``, and the recorded generation config over an
+attached ``generation_config.json``.
+
+Tied weights are written once, under the name the version stored (the first in state-dict order,
+which is the name transformers keeps: ``transformer.wte.weight``, not ``lm_head.weight``); the
+aliases are left out as transformers' own ``save_pretrained`` leaves them out, and re-tied by the
+model's config on load. With ``dtype="auto"`` each shard is the verified stored blob copied byte
+for byte; another dtype casts floating tensors (keep-in-fp32 prefixes stay float32). Writing
+into a folder that already holds ``model*.safetensors`` files replaces them, so an old
+``model.safetensors`` is never loaded instead of new shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import attachments
+from . import devices as dev
+from .errors import ArchitectureUnknownError, NormalizationError
+from .files import VersionFile, weight_files
+
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+# safetensors weights a previous write may have left: transformers loads a ``model.safetensors``
+# before an index, so one left beside new shards would be loaded instead of them. Other files
+# (a ``pytorch_model.bin``, which transformers reads only without safetensors) are left alone.
+_STALE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
+
+
+def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """The transformers config a version recorded; ArchitectureUnknownError when it has none."""
+    arch = manifest.get("architecture") or {}
+    config = arch.get("config") if arch.get("kind") == "transformers" else None
+    if not isinstance(config, dict):
+        what = arch.get("factory") or arch.get("class")
+        pushed = f" (it was pushed from {what})" if what else ""
+        raise ArchitectureUnknownError(
+            f"{origin} records no transformers config{pushed}, so it cannot be written as a "
+            "from_pretrained directory: push a transformers model or a save_pretrained "
+            "directory for that, or use pull_state_dict() / `registry pull REF -o "
+            "FILE.safetensors` for the weights alone")
+    return dict(config)
+
+
+def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+                     dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
+                     origin: str) -> Path:
+    """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``."""
+    config = transformers_config(manifest, origin)
+    requested = dev.parse_dtype(dtype)
+    arch = manifest["architecture"]
+    shards = weight_files(manifest)
+    names = [f.name for f in shards]
+    ours = {CONFIG_NAME, INDEX_NAME, *names}
+    generation = arch.get("generation_config")
+    if isinstance(generation, dict):
+        ours.add(GENERATION_CONFIG_NAME)
+
+    root = attachments.pull_files(manifest, blob_path, dest_dir,
+                                  skip=lambda n: n in ours or attachments.is_weights_name(n))
+    for stale in root.iterdir():
+        if _STALE.fullmatch(stale.name) and stale.name not in names and stale.is_file():
+            stale.unlink()
+
+    specs = manifest["tensors"]
+    keep = [f".{p}." for p in manifest["source"].get("keep_in_fp32", [])]
+
+    def dtype_of(key: str, stored: torch.dtype) -> torch.dtype:
+        if requested is None or not stored.is_floating_point:
+            return stored
+        return torch.float32 if any(p in f".{key}" for p in keep) else requested
+
+    for shard in shards:
+        _write_shard(root / shard.name, shard, blob_path, specs, dtype_of, requested, origin)
+
+    recorded_class = str(arch.get("class", ""))
+    if not config.get("architectures") and recorded_class.startswith("transformers:"):
+        # As transformers' save_pretrained does for a model built from a bare config.
+        config["architectures"] = [recorded_class.removeprefix("transformers:")]
+    written = {k: dtype_of(k, getattr(torch, s["dtype"])) for k, s in specs.items()}
+    floating = Counter(str(d).removeprefix("torch.") for d in written.values()
+                       if d.is_floating_point)
+    if floating:
+        label = floating.most_common(1)[0][0]
+        config["dtype"] = label
+        if "torch_dtype" in config:
+            config["torch_dtype"] = label
+    if len(shards) > 1:
+        total = sum(_numel(specs[k]["shape"]) * written[k].itemsize for k in specs)
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: s.name for s in shards for k in sorted(s.tensors)}}
+        attachments.write_bytes(root / INDEX_NAME, _json(index))
+    attachments.write_bytes(root / CONFIG_NAME, _json(config))
+    if isinstance(generation, dict):
+        attachments.write_bytes(root / GENERATION_CONFIG_NAME, _json(generation))
+    return root
+
+
+def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int], Path],
+                 specs: Mapping[str, Any], dtype_of: Callable[[str, torch.dtype], torch.dtype],
+                 requested: torch.dtype | None, origin: str) -> None:
+    from .weights import load_shard, write_safetensors
+
+    source = blob_path(shard.digest, shard.size)
+    if requested is None:  # the stored shard is already the file transformers reads
+        attachments.write_file(target, source)
+        return
+    tensors = load_shard(source, {k: specs[k] for k in shard.tensors},
+                         lambda _k: torch.device("cpu"),
+                         lambda k, stored, _d: dtype_of(k, stored), origin=origin)
+    tmp = target.with_name(f".registry-{target.name}")
+    try:
+        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise NormalizationError(f"cannot write {str(target)!r}: "
+                                 f"{exc.strerror or type(exc).__name__}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _json(data: object) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
