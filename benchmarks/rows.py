@@ -185,17 +185,9 @@ def push(b: Bench) -> list[Row]:
     experiment = mlflow.create_experiment(f"bench-{time.time_ns()}", artifact_location=art.as_uri())
     state = {k: v.contiguous() for k, v in b.net.state_dict().items()}
 
-    def sha256(path: Path) -> str:
-        digest = hashlib.sha256()
-        buf = bytearray(8 * 2**20)
-        with open(path, "rb", buffering=0) as fh:
-            while n := fh.readinto(buf):
-                digest.update(memoryview(buf)[:n])
-        return digest.hexdigest()
-
     def floor() -> str:
         save_file(state, str(floor_file), metadata={"format": "pt"})
-        return sha256(floor_file)
+        return measure.sha256_file(floor_file)
 
     def log_model(**options: Any) -> None:
         with mlflow.start_run(experiment_id=experiment):
@@ -242,7 +234,7 @@ def push(b: Bench) -> list[Row]:
         save_file(state, str(floor_file), metadata={"format": "pt"})
         write = time.perf_counter() - start
         start = time.perf_counter()
-        sha256(floor_file)
+        measure.sha256_file(floor_file)
         hashing = time.perf_counter() - start
         floor_file.unlink()
         row.notes.append(

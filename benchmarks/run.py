@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import model, rows
+from . import model, rows, shards
 from .measure import ROOT, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -24,6 +24,7 @@ GROUPS = [
     ((7,), rows.dtype_change),
     ((8,), rows.import_time),
     ((9,), rows.catalog_resolve),
+    ((10, 11, 12, 13), shards.sharded_rows),
 ]
 
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error("--runs must be at least 5: every figure is a median of 5 or more runs")
-    wanted = {int(x) for x in args.rows.split(",") if x.strip()} or set(range(1, 10))
+    wanted = {int(x) for x in args.rows.split(",") if x.strip()} or set(range(1, 14))
     size = model.QUICK if args.quick else model.FULL
     output = args.output or (WORK / "results-quick.md" if args.quick else HERE / "results.md")
 
