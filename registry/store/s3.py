@@ -156,13 +156,17 @@ class S3Store:
     # -- the ObjectStore protocol ---------------------------------------------------------
 
     def has(self, key: str) -> int | None:
+        head = self._head(key)
+        return None if head is None else int(head["ContentLength"])
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """The object's HEAD answer, or None if there is no such object."""
         full = self._key(key)
         try:
             with self._mapped_errors(key, missing_ok=True):
-                head = self.client.head_object(Bucket=self.bucket, Key=full)
+                return dict(self.client.head_object(Bucket=self.bucket, Key=full))
         except _Missing:
             return None
-        return int(head["ContentLength"])
 
     def put_file(self, key: str, path: Path, *, move: bool = False,
                  progress: Progress | None = None) -> None:
@@ -247,11 +251,8 @@ class S3Store:
             self.put_bytes(_marker(key), b"")
 
     def _last_modified(self, key: str) -> datetime | None:
-        full = self._key(key)
-        try:
-            with self._mapped_errors(key, missing_ok=True):
-                head = self.client.head_object(Bucket=self.bucket, Key=full)
-        except _Missing:
+        head = self._head(key)
+        if head is None:
             return None
         moment: datetime = head["LastModified"]
         return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
