@@ -213,6 +213,7 @@ class Registry:
         module = mat.build_module(model, manifest.get("architecture", {}),
                                   self.settings.trusted_factories, ref_text,
                                   stored={*manifest["tensors"], *tied})
+        tied.update(mat.implied_ties(module, {*manifest["tensors"], *tied}))
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
         mat.check_fits(module, stored_shapes, ref_text)

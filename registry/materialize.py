@@ -163,10 +163,31 @@ def build_on_meta_or_cpu(make: Callable[[], object], origin: str,
 
 
 def unfilled_meta_tensors(module: nn.Module, stored: Collection[str]) -> list[str]:
-    """Parameters and buffers of ``module`` on ``meta`` that no key in ``stored`` fills."""
-    return [name for name, t in (*module.named_parameters(remove_duplicate=False),
-                                 *module.named_buffers(remove_duplicate=False))
-            if t.is_meta and name not in stored]
+    """Parameters and buffers of ``module`` on ``meta`` that no key in ``stored`` fills (a
+    tensor the module shares between names is filled through any of them)."""
+    named = [*module.named_parameters(remove_duplicate=False),
+             *module.named_buffers(remove_duplicate=False)]
+    filled = {id(t) for name, t in named if name in stored}
+    return [name for name, t in named if t.is_meta and id(t) not in filled]
+
+
+def implied_ties(module: nn.Module, stored: Collection[str]) -> dict[str, str]:
+    """alias -> stored key, for every name the module shares a tensor under that ``stored``
+    lacks while it holds another name of the same tensor.
+
+    A ``save_pretrained`` checkpoint leaves out the tied copies (GPT-2's ``lm_head.weight``,
+    T5's embeddings): the module built from its config ties them itself, so they are filled
+    from the name that was stored, as transformers does."""
+    groups: dict[int, list[str]] = {}
+    for name, t in (*module.named_parameters(remove_duplicate=False),
+                    *module.named_buffers(remove_duplicate=False)):
+        groups.setdefault(id(t), []).append(name)
+    out: dict[str, str] = {}
+    for names in groups.values():
+        kept = next((n for n in names if n in stored), None)
+        if kept is not None:
+            out.update({n: kept for n in names if n not in stored})
+    return out
 
 
 def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:

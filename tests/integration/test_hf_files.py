@@ -153,6 +153,11 @@ def test_pretrained_directory_round_trips(reg: registry.Registry, tmp_path: Path
     loaded = _loads_cleanly(out, kind)
     torch.testing.assert_close(_outputs(loaded, kind), _outputs(model, kind))
     assert transformers.AutoTokenizer.from_pretrained(out)("w1 w3")["input_ids"] == [3, 5]
+    # The same version pulled without model= (rebuilt from its recorded config) computes the
+    # same as what transformers loads from the written directory.
+    pulled = reg.pull(mv.ref, device="cpu").eval()
+    assert type(pulled) is type(model)
+    torch.testing.assert_close(_outputs(pulled, kind), _outputs(loaded, kind))
 
 
 def test_save_pretrained_casts_and_says_so(reg: registry.Registry, tmp_path: Path) -> None:
@@ -305,18 +310,12 @@ def test_files_through_a_server_on_s3(s3_endpoint: str, s3_store_url: str,
 def test_tied_weights_of_a_module_push_are_written_as_transformers_writes_them(
         reg: registry.Registry, tmp_path: Path, kind: str) -> None:
     """A module push stores tied weights once (``lm_head.weight`` an alias of the embeddings);
-    the directory leaves the aliases out, as transformers' own save_pretrained does. The
-    architecture a module push records is given here as it will be recorded (issue 11 item 1)."""
-    from registry.pretrained import write_pretrained
-
+    the directory leaves the aliases out, as transformers' own save_pretrained does."""
     model = _build(kind)
     mv = reg.push(model, kind)
     assert mv.metadata["source"]["tied"]
-    manifest = {k: v for k, v in mv.metadata.items() if k != "push"}
-    manifest["architecture"] = {"kind": "transformers",
-                                "class": f"transformers:{type(model).__name__}",
-                                "config": model.config.to_dict()}
-    out = write_pretrained(manifest, reg.backend.blob_path, tmp_path / "hf", "auto", mv.ref)
+    assert mv.metadata["architecture"]["class"] == f"transformers:{type(model).__name__}"
+    out = reg.save_pretrained(mv.ref, tmp_path / "hf")
     assert json.loads((out / "config.json").read_text())["architectures"] \
         == [type(model).__name__]
     torch.testing.assert_close(_outputs(_loads_cleanly(out, kind), kind), _outputs(model, kind))
