@@ -130,3 +130,16 @@ def test_tags_validate_and_removals_only_when_asked() -> None:
         validate_tags(["a"])  # type: ignore[arg-type]
     assert validate_aliases("prod") == ["prod"]
     assert validate_aliases(["b", "a", "b"]) == ["a", "b"]
+
+
+def test_a_model_version_reprs_on_one_line_whatever_its_manifest_holds() -> None:
+    from registry.manifest import ModelVersion
+
+    manifest = {"tensors": {f"layer{i}.weight": {"dtype": "F32", "shape": [64, 64]}
+                            for i in range(300)}}
+    mv = ModelVersion(name="resnet18", version=3, digest="sha256:" + "5f0c" * 16,
+                      tags={"dataset": "imagenet"}, aliases=["production"], metadata=manifest)
+    text = repr(mv)
+    assert text == ("ModelVersion('resnet18:v3', digest='sha256:5f0c5f0c5f0c…', "
+                    "aliases=['production'], tags={'dataset': 'imagenet'})")
+    assert "\n" not in text and "layer0" not in text
