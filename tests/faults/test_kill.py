@@ -106,3 +106,35 @@ def _model(seed: int) -> object:
     from tests.faults.worker import build
 
     return build(seed)
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs (the push's cleanup is switched off)."""
+
+
+def test_a_push_killed_between_its_manifest_and_its_commit_is_not_restored_by_rebuild(
+        reg: registry.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the S3 + PostgreSQL kill trials found (gc dropped the reservation and freed its
+    blobs, but left the manifest, and `db rebuild` restored a version that did not pull): the
+    window forced deterministically."""
+    from registry import manifest as mf
+    from tests.faults.invariants import local, rebuild_agrees, visible_versions_intact
+
+    backend = local(reg)
+    reg.push(_model(1), "m", tags={"seed": "1"})
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise _Killed()
+
+    with monkeypatch.context() as m:
+        m.setattr(backend.catalog, "commit", killed)
+        m.setattr(backend.store, "delete", lambda key: None)
+        m.setattr(backend, "abort_push", lambda name, number: None)
+        with pytest.raises(_Killed):
+            reg.push(_model(2), "m", tags={"seed": "2"})
+    assert backend.store.has(mf.manifest_key("m", 2)) is not None  # the crash's leftover
+    reg.gc()
+    assert backend.store.has(mf.manifest_key("m", 2)) is None
+    assert rebuild_agrees(backend) == []
+    assert [v.version for v in reg.list_versions("m")] == [1]
+    assert visible_versions_intact(reg) == []
