@@ -3,6 +3,7 @@ say what and where), and the counting of trials and violations per scenario."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -208,10 +209,8 @@ class Zygote:
         start = time.monotonic()
         if kill_after is not None:
             time.sleep(kill_after)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         status = self._line(timeout)["status"]
         elapsed = time.monotonic() - start
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
