@@ -23,7 +23,7 @@ class FaultProxy:
         self.mode: str | None = None
         self.direction = "up"
         self.after = 0
-        self.hits = 0  # connections the fault struck
+        self.hits = 0  # connections the fault struck (cut or stalled)
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -61,7 +61,6 @@ class FaultProxy:
                 return None
             if not (first.startswith(method) and b"/blobs/" in first):
                 return None
-            self.hits += 1
             return self.mode, self.after
 
     def _serve(self, client: socket.socket) -> None:
@@ -88,6 +87,8 @@ class FaultProxy:
                         dst.sendall(data[:room])
                         state[direction][1] = sent + min(len(data), room)
                         if len(data) > room:
+                            with self._lock:
+                                self.hits += 1
                             if mode == "stall":
                                 self._stall()
                             break

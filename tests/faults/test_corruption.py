@@ -62,12 +62,12 @@ def _shard(reg: registry.Registry, ref: str, rng: random.Random) -> tuple[str, i
 
 def _s3(monkeypatch: pytest.MonkeyPatch, store_url: str) -> None:
     monkeypatch.setenv("REGISTRY_STORE_URL", store_url)
-    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "256KiB")
+    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "512KiB")
 
 
 def test_a_flipped_byte_in_a_file_store_blob_is_refused_and_repaired_by_a_push(
         home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "256KiB")
+    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "512KiB")
     rng = random.Random(f"{SEED}-file-blob")
     tally = Tally("flipped byte, file store blob", SEED)
     reg = registry.Registry()
@@ -164,7 +164,7 @@ def test_a_flipped_byte_in_a_stored_manifest_is_refused_by_rebuild(
     """The pull reads the catalog's copy, so it is unaffected; `db rebuild` must refuse the
     corrupt store copy with a CheckpointError naming it and leave the catalog as it was, or
     (a flip that leaves the same manifest, e.g. in JSON whitespace) restore the same state."""
-    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "256KiB")
+    monkeypatch.setenv("REGISTRY_SHARD_SIZE", "512KiB")
     rng = random.Random(f"{SEED}-manifest")
     tally = Tally("flipped byte, stored manifest", SEED)
     reg = registry.Registry()

@@ -21,8 +21,8 @@ from tests.helpers import clean_env
 pytestmark = pytest.mark.faults
 
 SEED = int(os.environ.get("FAULTS_SEED") or random.SystemRandom().randrange(2**32))
-TRIALS = 20
-SHARD = "256KiB"  # about 4 shards a push, so a kill can fall between two uploads
+TRIALS = int(os.environ.get("FAULTS_TRIALS") or 20)  # kills per scenario
+SHARD = "512KiB"  # about 4 shards a push, so a kill can fall between two uploads
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-LAYERS = 16
-WIDTH = 128  # 16 x (128 x 128 + 128) float32: about 1 MiB; REGISTRY_SHARD_SIZE cuts it
+LAYERS = 4
+WIDTH = 256  # 4 x (256 x 256 + 256) float32: about 1 MiB, 4 shards of 263 KB at 512KiB
 
 
 def build(seed: int) -> nn.Module:
