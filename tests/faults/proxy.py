@@ -69,31 +69,31 @@ class FaultProxy:
         except OSError:
             _close(client)
             return
-        # Per direction: the fault that struck this connection and the bytes forwarded since.
-        state: dict[str, list[object]] = {"up": [None, 0], "down": [None, 0]}
+        # Per direction: the fault that struck this connection, and the bytes forwarded since.
+        struck: dict[str, tuple[str, int] | None] = {"up": None, "down": None}
+        sent = {"up": 0, "down": 0}
 
         def pump(src: socket.socket, dst: socket.socket, direction: str) -> None:
             with contextlib.suppress(OSError):
                 while data := src.recv(65536):
                     if direction == "up":
                         for d in ("up", "down"):
-                            if state[d][0] is None:
-                                state[d][0] = self._struck(data, d)
-                    fault = state[direction][0]
-                    if fault is not None:
-                        mode, after = fault  # type: ignore[misc]
-                        sent = int(state[direction][1])  # type: ignore[call-overload]
-                        room = max(after - sent, 0)
-                        dst.sendall(data[:room])
-                        state[direction][1] = sent + min(len(data), room)
-                        if len(data) > room:
-                            with self._lock:
-                                self.hits += 1
-                            if mode == "stall":
-                                self._stall()
-                            break
+                            if struck[d] is None:
+                                struck[d] = self._struck(data, d)
+                    fault = struck[direction]
+                    if fault is None:
+                        dst.sendall(data)
                         continue
-                    dst.sendall(data)
+                    mode, after = fault
+                    room = max(after - sent[direction], 0)
+                    dst.sendall(data[:room])
+                    sent[direction] += min(len(data), room)
+                    if len(data) > room:
+                        with self._lock:
+                            self.hits += 1
+                        if mode == "stall":
+                            self._stall()
+                        break
             for sock in (client, upstream):
                 _close(sock)
 

@@ -16,6 +16,7 @@ import pytest
 
 import registry
 from tests.faults.invariants import Tally, Zygote, after_fault
+from tests.faults.worker import build
 from tests.helpers import clean_env
 
 pytestmark = pytest.mark.faults
@@ -85,7 +86,7 @@ def test_killed_pulls_leave_nothing_half_done(
     where, zygote, reg = setup
     rng = random.Random(f"{SEED}-pull-{where}")
     tally = Tally(f"SIGKILL pull ({where})", SEED)
-    v = reg.push(_model(7), "pulled", tags={"seed": "7"}, aliases=["production"])
+    v = reg.push(build(7), "pulled", tags={"seed": "7"}, aliases=["production"])
     job = {"op": "pull", "ref": v.ref, "seed": 7}
     _cold_cache(reg)
     outcome, measured = zygote.run(job)
@@ -102,12 +103,6 @@ def test_killed_pulls_leave_nothing_half_done(
     tally.check()
 
 
-def _model(seed: int) -> object:
-    from tests.faults.worker import build
-
-    return build(seed)
-
-
 class _Killed(BaseException):
     """Stands for SIGKILL: nothing after it runs (the push's cleanup is switched off)."""
 
@@ -121,7 +116,7 @@ def test_a_push_killed_between_its_manifest_and_its_commit_is_not_restored_by_re
     from tests.faults.invariants import local, rebuild_agrees, visible_versions_intact
 
     backend = local(reg)
-    reg.push(_model(1), "m", tags={"seed": "1"})
+    reg.push(build(1), "m", tags={"seed": "1"})
 
     def killed(*_a: object, **_k: object) -> None:
         raise _Killed()
@@ -131,7 +126,7 @@ def test_a_push_killed_between_its_manifest_and_its_commit_is_not_restored_by_re
         m.setattr(backend.store, "delete", lambda key: None)
         m.setattr(backend, "abort_push", lambda name, number: None)
         with pytest.raises(_Killed):
-            reg.push(_model(2), "m", tags={"seed": "2"})
+            reg.push(build(2), "m", tags={"seed": "2"})
     assert backend.store.has(mf.manifest_key("m", 2)) is not None  # the crash's leftover
     reg.gc()
     assert backend.store.has(mf.manifest_key("m", 2)) is None
