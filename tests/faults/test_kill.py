@@ -42,7 +42,8 @@ def s3_pg(home: Path, s3_endpoint: str, s3_store_url: str, pg_url: str,
                      REGISTRY_CATALOG_URL=pg_url, REGISTRY_S3_ENDPOINT_URL=s3_endpoint)
 
 
-@pytest.fixture(params=["embedded", "s3_pg"])
+@pytest.fixture(params=["embedded", pytest.param("s3_pg", marks=[pytest.mark.s3,
+                                                         pytest.mark.postgres])])
 def setup(request: pytest.FixtureRequest, tmp_path: Path,
           home: Path) -> Iterator[tuple[str, Zygote, registry.Registry]]:
     env = request.getfixturevalue(request.param)
