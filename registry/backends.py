@@ -397,8 +397,12 @@ class LocalBackend:
         temporary = [self.cache.root / "tmp"]
         if isinstance(self.store, Staging):
             temporary.append(self.store.staging_dir)
-        return collect(self.store, referenced, grace=self.grace,
-                       drop_stale=lambda: self.catalog.drop_stale_pending(older_than=self.grace),
+        def drop_stale() -> int:
+            return self.catalog.drop_stale_pending(
+                older_than=self.grace,
+                before_drop=lambda name, n: self.store.delete(mf.manifest_key(name, n)))
+
+        return collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
                        cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
 
     def rebuild(self) -> int:

@@ -17,7 +17,8 @@ A blob is deleted only when all of these hold, checked in this order:
 Crash hygiene: a push killed after writing its staging file, a server upload cut off, a
 download that died halfway each leave a temporary file. Those older than the grace (so no live
 process is still writing them) are removed and reported; a crashed push's reservation is dropped
-by the same rule (``Catalog.drop_stale_pending``).
+by the same rule (``Catalog.drop_stale_pending``), with the manifest it may have written before
+it died (else `registry db rebuild` would restore a version whose blobs gc freed).
 """
 
 from __future__ import annotations

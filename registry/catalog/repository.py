@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -282,13 +282,23 @@ class Catalog(MirrorStates):
                                      VersionRow.state == PENDING)).all()
             return max(int(size) for size in sizes) if sizes else None
 
-    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
-        """Forget reservations of pushes that died; their numbers stay retired."""
+    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6),
+                           before_drop: Callable[[str, int], None] | None = None) -> int:
+        """Forget reservations of pushes that died; their numbers stay retired.
+
+        ``before_drop(name, version)`` runs for each before its row goes (and a failure keeps
+        the row): gc removes the manifest a push killed between writing it and committing left
+        in the store, which `db rebuild` would otherwise restore without the blobs gc frees.
+        """
         with self._session() as s:
-            rows = s.scalars(select(VersionRow).where(VersionRow.state == PENDING)).all()
+            rows = s.execute(select(VersionRow, ModelRow.name)
+                             .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                             .where(VersionRow.state == PENDING)).all()
             cutoff = _now() - older_than
-            stale = [r for r in rows if _aware(r.created_at) < cutoff]
-            for r in stale:
+            stale = [(r, name) for r, name in rows if _aware(r.created_at) < cutoff]
+            for r, name in stale:
+                if before_drop is not None:
+                    before_drop(name, r.version)
                 s.delete(r)
             return len(stale)
 

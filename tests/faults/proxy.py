@@ -1,0 +1,113 @@
+"""A loopback TCP forwarder in front of an S3 endpoint that cuts or stalls the connections of
+blob transfers after N bytes, as a dying link or a hung server does.
+
+``fault("cut" | "stall", "up" | "down", after)``: every connection that carries a request for a
+``/blobs/`` key (a PUT for "up", a GET for "down") forwards ``after`` bytes in that direction,
+then is closed ("cut") or stops moving bytes without closing ("stall"). ``heal()`` ends the
+fault for new connections and closes the stalled ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import urllib.parse
+
+
+class FaultProxy:
+    def __init__(self, target: str) -> None:
+        parsed = urllib.parse.urlsplit(target)
+        self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.mode: str | None = None
+        self.direction = "up"
+        self.after = 0
+        self.hits = 0  # connections the fault struck (cut or stalled)
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def fault(self, mode: str, direction: str, after: int) -> None:
+        assert mode in ("cut", "stall") and direction in ("up", "down")
+        with self._lock:
+            self.mode, self.direction, self.after, self.hits = mode, direction, after, 0
+
+    def heal(self) -> None:
+        with self._lock:
+            self.mode = None
+
+    def close(self) -> None:
+        self._closed = True
+        self.heal()
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _struck(self, request: bytes, direction: str) -> tuple[str, int] | None:
+        """The fault for a connection that just sent ``request``, if it applies."""
+        method = b"PUT " if direction == "up" else b"GET "
+        first = request.split(b"\r\n", 1)[0]
+        with self._lock:
+            if self.mode is None or self.direction != direction:
+                return None
+            if not (first.startswith(method) and b"/blobs/" in first):
+                return None
+            return self.mode, self.after
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            _close(client)
+            return
+        # Per direction: the fault that struck this connection, and the bytes forwarded since.
+        struck: dict[str, tuple[str, int] | None] = {"up": None, "down": None}
+        sent = {"up": 0, "down": 0}
+
+        def pump(src: socket.socket, dst: socket.socket, direction: str) -> None:
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    if direction == "up":
+                        for d in ("up", "down"):
+                            if struck[d] is None:
+                                struck[d] = self._struck(data, d)
+                    fault = struck[direction]
+                    if fault is None:
+                        dst.sendall(data)
+                        continue
+                    mode, after = fault
+                    room = max(after - sent[direction], 0)
+                    dst.sendall(data[:room])
+                    sent[direction] += min(len(data), room)
+                    if len(data) > room:
+                        with self._lock:
+                            self.hits += 1
+                        if mode == "stall":
+                            self._stall()
+                        break
+            for sock in (client, upstream):
+                _close(sock)
+
+        threading.Thread(target=pump, args=(upstream, client, "down"), daemon=True).start()
+        pump(client, upstream, "up")
+
+    def _stall(self) -> None:
+        """Hold the connection open, moving nothing, until heal() or close()."""
+        while not self._closed and self.mode is not None:
+            time.sleep(0.05)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
