@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import model, rows, shards
+from . import model, peers, rows, shards
 from .measure import ROOT, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -25,6 +25,9 @@ GROUPS = [
     ((8,), rows.import_time),
     ((9,), rows.catalog_resolve),
     ((10, 11, 12, 13), shards.sharded_rows),
+    ((14, 15), peers.warm_and_cold),
+    ((16,), peers.s3_peer),
+    ((17,), peers.small_pull),
 ]
 
 
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error("--runs must be at least 5: every figure is a median of 5 or more runs")
-    wanted = {int(x) for x in args.rows.split(",") if x.strip()} or set(range(1, 14))
+    every = {n for numbers, _ in GROUPS for n in numbers}
+    wanted = {int(x) for x in args.rows.split(",") if x.strip()} or every
     size = model.QUICK if args.quick else model.FULL
     output = args.output or (WORK / "results-quick.md" if args.quick else HERE / "results.md")
 
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts(ROOT, {
         "model": f"{size.label}: {size.blocks} blocks of Linear {size.dim} -> {size.hidden} -> "
                  f"{size.dim} + LayerNorm, float32, {size.parameters:,} parameters, "
-                 f"{bench.nbytes / 1e6:.0f} MB file (rows 5-6: "
+                 f"{bench.nbytes / 1e6:.0f} MB file (rows 5-6 and 17: "
                  f"{(model.QUICK if args.quick else model.S3).float32_bytes / 1e6:.0f} MB)",
         "runs": f"median of {args.runs} timed runs after 1 warm-up per figure "
                 "(row 8: 7 runs; row 9: 200 calls per ref)",

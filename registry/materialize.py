@@ -63,6 +63,36 @@ def _register_on_meta(self: nn.Module, name: str, param: nn.Parameter | None) ->
         self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
 
 
+# torch.nn.init functions skipped for meta tensors while a module is built: on meta they compute
+# nothing, yet Linear's reset_parameters alone runs ~0.3 ms of Python decompositions per layer.
+_INIT_NAMES = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+               "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+               "kaiming_normal_", "orthogonal_", "sparse_")
+_ORIGINAL_INIT = {name: getattr(nn.init, name) for name in _INIT_NAMES if hasattr(nn.init, name)}
+
+
+def _skipping_meta(name: str) -> Callable[..., Any]:
+    original = _ORIGINAL_INIT[name]
+
+    def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_building, "depth", 0) and isinstance(tensor, torch.Tensor) \
+                and tensor.is_meta:
+            return tensor
+        return original(tensor, *args, **kwargs)
+
+    return init
+
+
+_SKIPPING_INIT = {name: _skipping_meta(name) for name in _ORIGINAL_INIT}
+
+
+def _patch(on: bool) -> None:
+    nn.Module.register_parameter = (  # type: ignore[method-assign]
+        _register_on_meta if on else _ORIGINAL_REGISTER)
+    for name, fn in (_SKIPPING_INIT if on else _ORIGINAL_INIT).items():
+        setattr(nn.init, name, fn)
+
+
 @contextlib.contextmanager
 def empty_parameters() -> Iterator[None]:
     """Create parameters on ``meta`` while a module is built in this thread; buffers stay real.
@@ -71,11 +101,12 @@ def empty_parameters() -> Iterator[None]:
     which a plain ``torch.device("meta")`` context would lose. The patch on
     ``nn.Module.register_parameter`` acts only in the thread that entered the context, so a
     model built concurrently elsewhere (a training thread, another request) is untouched.
+    ``torch.nn.init`` functions return a ``meta`` tensor untouched in that thread.
     """
     global _patch_users
     with _patch_lock:
         if _patch_users == 0:
-            nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign]
+            _patch(True)
         _patch_users += 1
     _building.depth = getattr(_building, "depth", 0) + 1
     try:
@@ -85,7 +116,7 @@ def empty_parameters() -> Iterator[None]:
         with _patch_lock:
             _patch_users -= 1
             if _patch_users == 0:
-                nn.Module.register_parameter = _ORIGINAL_REGISTER  # type: ignore[method-assign]
+                _patch(False)
 
 
 def build_module(

@@ -15,6 +15,7 @@
 | REGISTRY_GC_GRACE           | 6h                                    |
 | MLFLOW_TRACKING_URI         | unset (sync: $REGISTRY_HOME/mlflow.db)|
 | AWS_MAX_ATTEMPTS            | 4 (the S3 store's retry bound)        |
+| REGISTRY_READAHEAD_THREADS  | 0 (pulls leave readahead to the kernel)|
 
 Every environment variable the registry reads is read here, and only here.
 """
@@ -60,6 +61,8 @@ class Settings:
     s3_max_attempts: int | None = None
     # gc never deletes what is younger than this, and drops reservations older than it.
     gc_grace: timedelta = DEFAULT_GC_GRACE
+    # Threads warming the page cache for a pull's shard files (registry/readahead.py); 0: none.
+    readahead_threads: int = 0
 
     @property
     def auth_path(self) -> Path:
@@ -111,6 +114,7 @@ class Settings:
         shard_raw = env.get("REGISTRY_SHARD_SIZE") or None
         grace_raw = env.get("REGISTRY_GC_GRACE") or None
         attempts_raw = env.get("AWS_MAX_ATTEMPTS") or None
+        readahead_raw = env.get("REGISTRY_READAHEAD_THREADS") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -132,6 +136,8 @@ class Settings:
             if grace_raw else DEFAULT_GC_GRACE,
             s3_max_attempts=_positive_int(attempts_raw, "AWS_MAX_ATTEMPTS")
             if attempts_raw else None,
+            readahead_threads=_count(readahead_raw, "REGISTRY_READAHEAD_THREADS")
+            if readahead_raw else 0,
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -222,6 +228,12 @@ def _positive_int(raw: str, variable: str) -> int:
     if raw.strip().isdigit() and int(raw) > 0:
         return int(raw)
     raise SettingsError(f"{variable}={raw[:40]!r} is not a positive integer")
+
+
+def _count(raw: str, variable: str) -> int:
+    if raw.strip().isdigit() and int(raw) <= 64:
+        return int(raw)
+    raise SettingsError(f"{variable}={raw[:40]!r} is not a thread count; use 0 (off) to 64")
 
 
 def redact_url(url: str) -> str:

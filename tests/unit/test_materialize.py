@@ -124,3 +124,18 @@ def test_a_build_that_fails_on_the_cpu_too_raises_its_own_error() -> None:
 
     with pytest.raises(TypeError, match="widht"):
         build_module(broken, {}, (), "m:v1", stored=STORED)
+
+
+def test_init_functions_skip_meta_tensors_only_while_building() -> None:
+    from registry.materialize import empty_parameters
+
+    original = torch.nn.init.kaiming_uniform_
+    with empty_parameters():
+        real = torch.zeros(3)
+        assert torch.equal(torch.nn.init.ones_(real), torch.ones(3))  # real tensors still init
+        meta = torch.empty(2, 2, device="meta")
+        assert torch.nn.init.kaiming_uniform_(meta) is meta
+        layer = torch.nn.Linear(4, 2)
+        assert layer.weight.is_meta
+    assert torch.nn.init.kaiming_uniform_ is original
+    assert not torch.nn.Linear(4, 2).weight.is_meta

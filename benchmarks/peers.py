@@ -1,0 +1,303 @@
+"""Rows 14-17 of issue 15: the pull against the loaders a user would pick instead.
+
+Peers (the ``bench`` extra): runai-model-streamer, tensorizer, fastsafetensors (CPU, no GDS) and
+``torch.load(mmap=True)`` + ``load_state_dict(assign=True)``. Every case ends with a module
+whose every byte was read once (``touch``), so a memory-mapped load is charged its page faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import registry
+from registry import manifest as mf
+
+from . import measure, model
+from .measure import Case, interleaved, touch_module
+from .report import Row
+
+MB = 1e6
+READAHEAD_THREADS = 4
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def can_drop_caches() -> bool:
+    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+
+
+def _meta_module(size: model.Size) -> torch.nn.Module:
+    with torch.device("meta"):
+        return model.BenchModel(**model.kwargs(size))
+
+
+def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
+               net: torch.nn.Module) -> tuple[dict[str, Callable[[], Any]], list[str]]:
+    """``{peer: load}`` for every peer installed here, and notes on those that are not."""
+    from safetensors import safe_open
+
+    warnings.filterwarnings("ignore")
+    with safe_open(str(blob), framework="pt") as fh:
+        keys = list(fh.keys())
+    cases: dict[str, Callable[[], Any]] = {}
+    missing: list[str] = []
+
+    pt = scratch("peers-state_dict.pt")
+    torch.save(net.state_dict(), pt)
+
+    def torch_mmap() -> float:
+        m = _meta_module(size)
+        m.load_state_dict(torch.load(pt, mmap=True, weights_only=True, map_location="cpu"),
+                          assign=True)
+        return touch_module(m)
+
+    cases["torch.load(mmap) + assign"] = torch_mmap
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+
+        def runai() -> float:
+            state = {}
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_file(str(blob))
+                for key, tensor in streamer.get_tensors():
+                    state[key] = tensor.clone()  # the streamer reuses its buffer
+            m = _meta_module(size)
+            m.load_state_dict(state, assign=True)
+            return touch_module(m)
+
+        cases["runai-model-streamer"] = runai
+    except ImportError as exc:
+        missing.append(f"runai-model-streamer not installed ({exc})")
+    try:
+        from tensorizer import TensorDeserializer, TensorSerializer
+
+        tz = scratch("peers-model.tensors")
+        serializer = TensorSerializer(str(tz))
+        serializer.write_module(net)
+        serializer.close()
+
+        def tensorizer() -> float:
+            m = _meta_module(size)
+            deserializer = TensorDeserializer(str(tz), device="cpu")
+            deserializer.load_into_module(m)
+            deserializer.close()
+            return touch_module(m)
+
+        cases["tensorizer"] = tensorizer
+    except ImportError as exc:
+        missing.append(f"tensorizer not installed ({exc})")
+    try:
+        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+        def fastsafetensors() -> float:
+            loader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
+            try:
+                loader.add_filenames({0: [str(blob)]})
+                buffers = loader.copy_files_to_device()
+                m = _meta_module(size)
+                m.load_state_dict({k: buffers.get_tensor(k) for k in keys}, assign=True)
+                acc = touch_module(m)  # before close(): the tensors live in its buffers
+                buffers.close()
+                return acc
+            finally:
+                loader.close()
+
+        cases["fastsafetensors"] = fastsafetensors
+    except ImportError as exc:
+        missing.append(f"fastsafetensors not installed ({exc})")
+    return cases, missing
+
+
+def warm_and_cold(b: Any) -> list[Row]:
+    """Rows 14 and 15: a local pull of the default model, page cache warm and then cold."""
+    cases, missing = peer_cases(b.blob, b.size, b.scratch, b.net)
+    ahead = registry.Registry(home=b.work / "home")
+    ahead.settings = ahead.settings.with_overrides(readahead_threads=READAHEAD_THREADS)
+    ours = {"pull": lambda: touch_module(b.reg.pull(b.ref, device="cpu")),
+            f"pull, readahead x{READAHEAD_THREADS}":
+                lambda: touch_module(ahead.pull(b.ref, device="cpu"))}
+    row14 = Row(14, f"local pull to CPU, warm page cache, {b.nbytes / MB:.0f} MB",
+                "runai-model-streamer, tensorizer, fastsafetensors (CPU), torch.load(mmap) + "
+                "assign", "<= 1.0x the fastest")
+    row15 = Row(15, f"local pull to CPU, cold page cache, {b.nbytes / MB:.0f} MB",
+                "the same four peers", "<= 0.9x the fastest")
+    for row, cold in ((row14, False), (row15, True)):
+        if cold and not can_drop_caches():
+            row.notes.append("Skipped: dropping the page cache needs root "
+                             "(/proc/sys/vm/drop_caches).")
+            continue
+        prepare = drop_caches if cold else None
+        t = interleaved({name: Case(fn, prepare=prepare)
+                         for name, fn in {**ours, **cases}.items()}, runs=b.runs)
+        medians = {name: timing.median for name, timing in t.items()}
+        peers = {k: v for k, v in medians.items() if k in cases}
+        best_peer = min(peers, key=peers.__getitem__)
+        pull = medians["pull"]
+        row.measured = "; ".join(f"{name} {_s(v)}" for name, v in medians.items())
+        row.ratio = f"{pull / peers[best_peer]:.2f}x {best_peer}"
+        row.ok = pull / peers[best_peer] <= (0.9 if cold else 1.0)
+        row.notes.append("Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ".")
+        row.notes.append(
+            f"The pull with REGISTRY_READAHEAD_THREADS={READAHEAD_THREADS} (posix_fadvise "
+            f"WILLNEED on 8 MiB ranges, registry/readahead.py) took "
+            f"{_s(medians[f'pull, readahead x{READAHEAD_THREADS}'])}; the default pull leaves "
+            "readahead to the kernel (this disk's window: "
+            f"{_read_ahead_kb()} KiB).")
+        if cold:
+            row.notes.append("Before every sample: `sync; echo 1 > /proc/sys/vm/drop_caches`.")
+        row.notes.extend(missing)
+    ahead.close()
+    row14.notes.append(
+        "The peers copy every tensor into private memory (runai, tensorizer, fastsafetensors) "
+        "and build the module on meta then assign; the pull and torch.load(mmap) map the file.")
+    return [row14, row15]
+
+
+def _read_ahead_kb() -> str:
+    for path in Path("/sys/block").glob("*/queue/read_ahead_kb"):
+        if not path.parts[3].startswith(("loop", "zram", "ram")):
+            return path.read_text().strip()
+    return "unknown"
+
+
+def small_pull(b: Any) -> list[Row]:
+    """Row 17: the fixed cost of a pull and its peak RSS, on a ~200 MB model."""
+    from safetensors.torch import load_file
+
+    size = b.s3_size
+    reg = registry.Registry(home=b.work / "small-home")
+    with contextlib.closing(reg):
+        mv = reg.push(model.build(size), "small", factory=model.FACTORY,
+                      factory_kwargs=model.kwargs(size))
+        blob = reg.backend.store.open_local(mf.blob_key(mv.digest))  # type: ignore[attr-defined]
+        ref = str(mv)
+        runs = max(b.runs, 11)
+        t = interleaved({
+            "floor": Case(lambda: measure.touch(load_file(str(blob)).values())),
+            "pull": Case(lambda: touch_module(reg.pull(ref, device="cpu"))),
+        }, runs=runs, warmup=2)
+    f, p = t["floor"].median, t["pull"].median
+    pulls, floors = [], []
+    for _ in range(b.runs):
+        r = measure.probe("pull", home=str(b.work / "small-home"), ref=ref)
+        pulls.append(r["peak"] - r["baseline"])
+        r = measure.probe("load_file", path=str(blob))
+        floors.append(r["peak"] - r["baseline"])
+    rp, rf = statistics.median(pulls), statistics.median(floors)
+    nbytes = blob.stat().st_size
+    row = Row(17, f"local pull, {nbytes / MB:.0f} MB", "`load_file` + touch",
+              "fixed cost <= 2 ms; peak RSS <= 1.05x load_file's")
+    row.measured = (f"pull {p * 1000:.1f} ms, floor {f * 1000:.1f} ms; peak RSS +{rp / MB:.0f} "
+                    f"MB vs +{rf / MB:.0f} MB")
+    row.ratio = f"+{(p - f) * 1000:.1f} ms; {rp / rf:.2f}x RSS"
+    row.ok = p - f <= 0.002 and rp / rf <= 1.05
+    row.notes.append(
+        f"Times: median of {runs} interleaved runs after 2 warm-ups; samples (s): pull "
+        f"{t['pull'].spread()}, floor {t['floor'].spread()}. Peak RSS: VmHWM after writing 5 to "
+        f"/proc/self/clear_refs, minus VmRSS before, in a fresh interpreter, median of "
+        f"{len(pulls)}. What remains of the fixed cost: the catalog resolve (SQLAlchemy ORM, "
+        "aliases included), building the module on meta, check_fits, the verification memo "
+        "and load_state_dict(assign=True).")
+    return [row]
+
+
+# runai's S3 client (aws-c-http) drops a ranged GET that falls below its minimum throughput
+# within 1 s; moto copies the whole object for every ranged GET, so it needs these to finish.
+RUNAI_S3_ENV = {"RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "120000",
+                "RUNAI_STREAMER_S3_LOW_SPEED_LIMIT": "1", "RUNAI_STREAMER_S3_TIMEOUT": "120",
+                "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
+
+
+def s3_peer(b: Any) -> list[Row]:
+    """Row 16: a cold pull from S3 (moto) against runai-model-streamer and raw boto3."""
+    from . import rows, services
+
+    row = Row(16, "S3 cold pull to CPU (moto on loopback)", "runai-model-streamer on the same "
+              "object and endpoint; raw boto3 at the store's concurrency",
+              "<= 0.9x runai; <= 1.1x boto3")
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+        from runai_model_streamer.s3_utils.s3_utils import S3Credentials
+    except ImportError as exc:
+        row.notes.append(f"runai-model-streamer (with runai-model-streamer-s3) not installed: "
+                         f"{exc}")
+        return [row]
+    import boto3
+
+    with services.moto_server() as endpoint:
+        os.environ["REGISTRY_S3_ENDPOINT_URL"] = endpoint.url
+        saved = {k: os.environ.get(k) for k in RUNAI_S3_ENV}
+        os.environ.update(RUNAI_S3_ENV)
+        try:
+            bucket = "registry-peers"
+            client = boto3.client("s3", endpoint_url=endpoint.url)
+            client.create_bucket(Bucket=bucket)
+            reg = registry.Registry(home=b.work / "s3-peers-home", store=f"s3://{bucket}/models")
+            mv = reg.push(model.build(b.s3_size), "bench", factory=model.FACTORY,
+                          factory_kwargs=model.kwargs(b.s3_size))
+            nbytes = int(mv.metadata["files"][0]["size"])
+            store = reg.backend.store  # type: ignore[attr-defined]
+            key = store.uri(mf.blob_key(mv.digest)).removeprefix(f"s3://{bucket}/")
+            config = rows._store_transfer_config(reg)
+            target = b.scratch("peers-boto3")
+            creds = S3Credentials(access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                                  secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                                  region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                                  endpoint=endpoint.url)
+            ref = str(mv)
+
+            def runai() -> float:
+                state = {}
+                with SafetensorsStreamer() as streamer:
+                    streamer.stream_file(f"s3://{bucket}/{key}", s3_credentials=creds)
+                    for name, tensor in streamer.get_tensors():
+                        state[name] = tensor.clone()
+                m = _meta_module(b.s3_size)
+                m.load_state_dict(state, assign=True)
+                return touch_module(m)
+
+            t = interleaved({
+                "pull": Case(lambda: touch_module(reg.pull(ref, device="cpu")),
+                             prepare=lambda: rows._clear_cache(reg)),
+                "boto3": Case(lambda: client.download_file(bucket, key, str(target),
+                                                           Config=config),
+                              cleanup=lambda: target.unlink(missing_ok=True)),
+                "runai": Case(runai),
+            }, runs=b.runs)
+            reg.close()
+        finally:
+            os.environ.pop("REGISTRY_S3_ENDPOINT_URL", None)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    p, f, r = (t[k].median for k in ("pull", "boto3", "runai"))
+    row.measured = f"pull {_s(p)}, runai {_s(r)}, boto3 {_s(f)}; {nbytes / MB:.0f} MB model"
+    row.ratio = f"{p / r:.2f}x runai; {p / f:.2f}x boto3"
+    row.ok = p / r <= 0.9 and p / f <= 1.1
+    row.notes.append(
+        "Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ". The pull starts "
+        "from an empty cache (untimed), downloads, hashes, verifies and maps; boto3 only "
+        "downloads, with the store's part size and concurrency; runai streams with its "
+        "defaults (8 MiB parts, 8 S3 workers) into private memory. runai's S3 client needed "
+        f"{', '.join(f'{k}={v}' for k, v in RUNAI_S3_ENV.items())} to finish against moto "
+        "(without them it aborts with AWS_ERROR_HTTP_CHANNEL_THROUGHPUT_FAILURE): moto copies "
+        "the whole object for every ranged GET, which penalises small parts. Not measured "
+        "against s3rver or a real bucket here.")
+    return [row]
