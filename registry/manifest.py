@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
 from . import architectures
-from .digests import check_digest, hexdigest, version_digest
+from .digests import check_digest, hexdigest, sha256_bytes, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .validate import MAX_BLOB_BYTES
 
@@ -92,16 +92,38 @@ def aliases_key(name: str) -> str:
     return f"aliases/{name}.json"
 
 
+# The store's copy of a manifest carries the sha256 of its own canonical JSON under this key, so
+# a byte changed after it was written is caught even where the schema still holds (a class
+# name, a size). Manifests written before it have none and are checked by their schema alone.
+CHECKSUM_KEY = "manifest_sha256"
+
+
+def _canonical(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
 def dumps(manifest: dict[str, Any]) -> bytes:
-    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+    """The store's copy of ``manifest``: readable JSON with its checksum."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM_KEY}
+    checksum = sha256_bytes(_canonical(body))
+    return json.dumps({**body, CHECKSUM_KEY: checksum}, indent=1, sort_keys=True).encode()
 
 
 def loads(data: bytes | str, *, origin: str) -> dict[str, Any]:
-    """Parse and :func:`validate` a manifest read from a store or sent by a client."""
+    """Parse and :func:`validate` a manifest read from a store or sent by a client; a checksum
+    it carries must match its content."""
     try:
         manifest = json.loads(data, parse_constant=_no_constant)
     except ValueError as exc:
         raise ManifestError(f"manifest {origin} is not valid JSON: {str(exc)[:120]}") from None
+    if isinstance(manifest, dict) and CHECKSUM_KEY in manifest:
+        recorded = manifest.pop(CHECKSUM_KEY)
+        actual = sha256_bytes(_canonical(manifest))
+        if recorded != actual:
+            raise ManifestError(
+                f"manifest {origin} does not match its checksum (recorded {quoted(recorded, 80)}, "
+                f"content hashes to {actual}): it was changed after it was written. Restore it "
+                "from a backup or remove it, then run `registry db rebuild` again")
     return validate(manifest, origin=origin)
 
 

@@ -159,11 +159,6 @@ def test_a_flipped_byte_in_a_cached_blob_is_discarded_and_fetched_again(
     tally.check()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known gap the fault suite found: a stored manifest has no checksum of its own, so a "
-    "flipped byte that keeps it valid JSON passing its schema (a class name in "
-    "'architecture', a source key such as 'torch_version', a file's 'size') is restored by "
-    "`db rebuild` into the catalog; only 'files' digests are covered (the version digest)"))
 def test_a_flipped_byte_in_a_stored_manifest_is_refused_by_rebuild(
         home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pull reads the catalog's copy, so it is unaffected; `db rebuild` must refuse the

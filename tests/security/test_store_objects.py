@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import registry
+from registry import manifest as mf
 from registry.errors import CheckpointError
 from tests.helpers import clean_env, run_cli, trained_mlp
 
@@ -24,8 +25,11 @@ def _objects(reg: registry.Registry) -> Path:
 
 
 def _manifest(reg: registry.Registry, name: str = "m", version: int = 1) -> dict[str, Any]:
+    """A stored manifest without its checksum: someone who can write the store can also drop
+    or recompute a checksum, so these tests reach the checks behind it."""
     data: dict[str, Any] = json.loads(
         (_objects(reg) / "manifests" / name / f"v{version}.json").read_text())
+    data.pop(mf.CHECKSUM_KEY)
     return data
 
 
@@ -83,6 +87,15 @@ def test_tampered_manifests_refuse_the_rebuild(seeded: registry.Registry, case: 
     make, match = BAD_MANIFESTS[case]
     _write(seeded, "manifests/m/v1.json", make(seeded))
     message = _refused(seeded, match)
+    assert "manifests/m/v1.json" in message
+
+
+def test_a_manifest_changed_under_its_checksum_refuses_the_rebuild(
+        seeded: registry.Registry) -> None:
+    stored = json.loads((_objects(seeded) / "manifests/m/v1.json").read_text())
+    stored["architecture"]["class"] = "tests.helpers:Evil"  # still passes the schema
+    _write(seeded, "manifests/m/v1.json", stored)
+    message = _refused(seeded, "does not match its checksum")
     assert "manifests/m/v1.json" in message
 
 
