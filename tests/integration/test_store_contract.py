@@ -7,7 +7,6 @@ import os
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -18,24 +17,33 @@ from registry.store import ObjectStore, Presigning, open_store
 from registry.store.file import FileStore
 from registry.store.s3 import PART_SIZE, S3Store
 
+S3_KINDS = [pytest.param("s3", marks=pytest.mark.s3), pytest.param("s3rver", marks=pytest.mark.s3)]
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3),
-                        pytest.param("s3rver", marks=pytest.mark.s3)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
-    if request.param == "file":
-        yield FileStore(tmp_path / "objects")
-        return
-    if request.param == "s3rver":
+
+@pytest.fixture(params=["file", *S3_KINDS])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    return _open(request, request.param, tmp_path)
+
+
+@pytest.fixture(params=S3_KINDS)
+def s3_kind_store(request: pytest.FixtureRequest, tmp_path: Path) -> S3Store:
+    """The stores that hand out presigned URLs: S3 on moto and on s3rver."""
+    opened = _open(request, request.param, tmp_path)
+    assert isinstance(opened, S3Store)
+    return opened
+
+
+def _open(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> ObjectStore:
+    if kind == "file":
+        return FileStore(tmp_path / "objects")
+    if kind == "s3rver":
         endpoint = request.getfixturevalue("s3rver_endpoint")
         s3rver = S3Store.from_url(f"s3://reg-{uuid.uuid4().hex[:12]}/team",
                                   endpoint_url=endpoint)
         assert s3rver.create_bucket() is True
-        yield s3rver
-        return
+        return s3rver
     url = request.getfixturevalue("s3_store_url")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    s3 = S3Store.from_url(url, endpoint_url=endpoint)
-    yield s3
+    return S3Store.from_url(url, endpoint_url=request.getfixturevalue("s3_endpoint"))
 
 
 def _file(tmp_path: Path, size: int, name: str = "src.bin") -> Path:
@@ -180,10 +188,10 @@ def test_modified_is_when_written_and_touch_makes_it_now(store: ObjectStore,
     assert store.get_bytes("blobs/sha256/aged") == source.read_bytes()  # bytes unchanged
 
 
-def test_presigned_urls_move_bytes_without_credentials(store: ObjectStore) -> None:
+def test_presigned_urls_move_bytes_without_credentials(s3_kind_store: S3Store) -> None:
     """What the server hands its clients: a URL to PUT, then GET, one object, no keys."""
-    if not isinstance(store, Presigning):
-        pytest.skip("this store hands out no URLs (clients go through the server)")
+    store = s3_kind_store
+    assert isinstance(store, Presigning)
     data = os.urandom(70_000)
     put = urllib.request.Request(store.presign("blobs/sha256/pre", "PUT"), data=data,
                                  method="PUT",
