@@ -65,7 +65,7 @@ def main(action: str, options: dict[str, Any]) -> dict[str, Any]:
         reg.show(options["ref"])  # open the catalog: its imports are not the pull's memory
         baseline = _status("VmRSS")
         _reset_peak()
-        module = reg.pull(options["ref"], device="cpu")
+        module = reg.pull(options["ref"], device="cpu", dtype=options.get("dtype", "auto"))
         touch_module(module)
     elif action == "torch_load":
         baseline = _status("VmRSS")
