@@ -58,8 +58,8 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
             if not target["direct"]:
                 # Through this server: the exports' own upload route, since /blobs takes only
                 # the files of a push in progress.
-                target["url"] = f"{API}{EXPORTS_ROUTE}/blobs/{{digest}}".format(
-                    name=name, version=number, digest=record["digest"])
+                target["url"] = (path.format(name=name, version=number)
+                                 + f"/blobs/{record['digest']}")
             return {"export": None, "uploads": [target]}
         kept = exports.register(local, name, number, record)
         changed()

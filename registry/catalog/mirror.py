@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .models import DELETED, PENDING, READY, ModelRow, VersionRow
+from .models import DELETED, PENDING, READY, ModelRow, VersionRow, aware
 
 CLAIM_PREFIX = "claim:"
 CLAIM_TTL_S = 600
@@ -58,7 +58,7 @@ class MirrorStates:
                              .where(VersionRow.state.in_((READY, DELETED, PENDING)))
                              .order_by(ModelRow.name, VersionRow.version)).all()
             return [(r[0], int(r[1]), r[2], r[3]) for r in rows
-                    if r[2] != PENDING or _aware(r[4]) >= cutoff]
+                    if r[2] != PENDING or aware(r[4]) >= cutoff]
 
     def set_mirror_state(self, name: str, version: int, synced: str | None) -> None:
         """Record what the mirror wrote for ``name:vN`` (None marks it pending)."""
@@ -81,7 +81,3 @@ class MirrorStates:
                                .values(mlflow_synced=new))
             return bool(getattr(result, "rowcount", 0) == 1)
 
-
-def _aware(moment: datetime) -> datetime:
-    # SQLite hands back naive datetimes even for timezone=True columns.
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

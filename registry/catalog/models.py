@@ -3,7 +3,7 @@ can share a database with other applications (MLflow keeps its own database rega
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from sqlalchemy import (
     BigInteger,
@@ -18,6 +18,12 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 PENDING, READY, DELETED = "pending", "ready", "deleted"
+
+
+def aware(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime: SQLite hands back naive datetimes even for
+    ``timezone=True`` columns."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 class Base(DeclarativeBase):

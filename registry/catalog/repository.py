@@ -19,7 +19,7 @@ from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import rebuild
 from .db import ensure_schema, make_engine, mapped_errors
 from .mirror import MirrorStates
-from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
+from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
 from .records import VersionRecord
 
@@ -270,7 +270,7 @@ class Catalog(MirrorStates):
                              .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
                              .where(VersionRow.state.in_((READY, PENDING)))).all()
             return {d for d, state, created in rows
-                    if state == READY or _aware(created) >= cutoff}
+                    if state == READY or aware(created) >= cutoff}
 
     def pending_upload(self, digest: str) -> int | None:
         """The size a push in progress declared for blob ``digest``, or None if no push in
@@ -295,7 +295,7 @@ class Catalog(MirrorStates):
                              .join(ModelRow, ModelRow.id == VersionRow.model_id)
                              .where(VersionRow.state == PENDING)).all()
             cutoff = _now() - older_than
-            stale = [(r, name) for r, name in rows if _aware(r.created_at) < cutoff]
+            stale = [(r, name) for r, name in rows if aware(r.created_at) < cutoff]
             for r, name in stale:
                 if before_drop is not None:
                     before_drop(name, r.version)
@@ -393,11 +393,6 @@ class Catalog(MirrorStates):
             manifest=json.loads(row.manifest) if row.manifest else {},
             tags=json.loads(row.tags), aliases=aliases.get(row.version, []),
         )
-
-
-def _aware(moment: datetime) -> datetime:
-    # SQLite hands back naive datetimes even for timezone=True columns.
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _taken_message(name: str, number: int, state: str, last: int) -> str:
