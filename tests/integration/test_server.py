@@ -283,3 +283,34 @@ def test_uploads_only_for_a_push_in_progress_and_no_larger(server: Service,
     assert httpx.head(f"{api}/blobs/{short_digest}").status_code == 404
     # The declared bytes go in.
     assert httpx.put(f"{api}/blobs/{short_digest}", content=short).status_code == 201
+
+
+def test_module_metadata_and_key_order_survive_the_server(remote: registry.Registry,
+                                                          server: Service, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    from collections import OrderedDict
+
+    from tests.integration.test_embedded import VersionSeeingNet
+
+    name = _name(request)[:50].strip("-.")
+    model = VersionSeeingNet()
+    model.train()
+    model(torch.randn(8, 4))
+    model.eval()
+    expected = model.state_dict()
+    assert list(expected) != sorted(expected)  # "fc.*" before "bn.*" only if order is kept
+    remote.push(model, name, factory=VersionSeeingNet)
+    # Another client, another cache: everything below came through the server's wire format.
+    fresh = registry.Registry(server.url, home=tmp_path / "fresh")
+    try:
+        state = fresh.pull_state_dict(name, device="cpu")
+        assert isinstance(state, OrderedDict)
+        assert list(state) == list(expected)
+        assert dict(state._metadata) == dict(expected._metadata)  # type: ignore[attr-defined]
+        VersionSeeingNet.seen.clear()
+        pulled = fresh.pull(name, device="cpu")
+        assert VersionSeeingNet.seen == [2], "BatchNorm must see version 2 through the server"
+        x = torch.randn(3, 4)
+        assert torch.equal(pulled(x), model(x))
+    finally:
+        fresh.close()
