@@ -39,6 +39,7 @@ from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .settings import Settings
 from .store import ObjectStore, Presigning, Staging, open_store
+from .unchanged import KnownShard, known_shards
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog, Reservation
@@ -69,6 +70,8 @@ class Backend(Protocol):
 
     def staging_dir(self) -> Path: ...
 
+    def known_shards(self, name: str) -> list[KnownShard]: ...
+
     def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
              aliases: Iterable[str]) -> PushResult: ...
@@ -78,19 +81,13 @@ class Backend(Protocol):
     def blob_path(self, digest: str, size: int) -> Path: ...
 
     def list_models(self) -> list[str]: ...
-
     def list_versions(self, name: str) -> list[VersionRecord]: ...
-
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord: ...
-
     def delete_alias(self, name: str, alias: str) -> None: ...
-
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord: ...
-
     def delete_version(self, name: str, version: int) -> VersionRecord: ...
 
     def gc(self) -> GcReport: ...
-
     def rebuild(self) -> int: ...
 
     def list_exports(self, name: str, version: int) -> list[dict[str, Any]]: ...
@@ -144,6 +141,12 @@ class LocalBackend:
 
     # -- push -----------------------------------------------------------------------------
 
+    def known_shards(self, name: str) -> list[KnownShard]:
+        """Verified copies here (the file store's blob, else the cache's) of the shards of
+        ``name``'s latest version, which a push compares instead of writing them again."""
+        return known_shards(self.resolve, name, self.verified,
+                            lambda d: self.store.open_local(mf.blob_key(d)), self.cache.path)
+
     def begin_push(self, name: str, version: int | None,
                    files: Sequence[VersionFile]) -> tuple[int, list[VersionFile]]:
         """Reserve a version number for a push of ``files``; the version stays invisible.
@@ -175,12 +178,14 @@ class LocalBackend:
         # else a remote store's copy is verified by every pull instead.
         # Reused bytes count as just written, so gc's grace protects them (registry/gc.py).
         self.store.touch(key)
+        if local is not None:  # the memo records the times touch changed (not the bytes):
+            self.verified.remember(local, digest)  # else the next pull hashes the blob again
         return True
 
     def upload(self, staged: StagedFile) -> None:
         """Store one staged file under its content address (consuming the staged copy)."""
         key = mf.blob_key(staged.digest)
-        self.store.put_file(key, staged.path, move=True)
+        self.store.put_file(key, staged.ensure(), move=True)
         local = self.store.open_local(key)
         if local is not None:
             self.verified.remember(local, staged.digest)  # push hashed these very bytes
@@ -293,9 +298,10 @@ class LocalBackend:
                 record = self.commit_push(name, number, manifest_for(number), tags, aliases)
             except MissingBlobError as exc:
                 # A blob this push reused was deleted under it; the staged copy of a reused
-                # blob is still here (only uploads consume theirs), so store it and go on.
+                # blob is still here (only uploads consume theirs), or is written again if
+                # the push matched it without writing it, so store it and go on.
                 lost = [by_digest[f.digest] for f in exc.files]
-                if not all(s.path.exists() for s in lost):
+                if not all(s.available for s in lost):
                     raise
                 log.warning("%d blob(s) of %s:v%d vanished during the push; uploading them "
                             "again", len(lost), name, number)

@@ -25,8 +25,8 @@ from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
 
 
-def _identity(path: Path) -> list[int]:
-    st = path.stat()
+def _identity(path: Path, fd: int | None = None) -> list[int]:
+    st = path.stat() if fd is None else os.fstat(fd)
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
@@ -40,10 +40,12 @@ class VerifiedFiles:
         tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
         return self.root / f"{hexdigest(digest)}-{tag}"
 
-    def is_verified(self, path: Path, digest: str) -> bool:
+    def is_verified(self, path: Path, digest: str, *, fd: int | None = None) -> bool:
+        """Whether ``path`` (or the file open as ``fd``, which was opened from ``path``) is the
+        file that was hashed to ``digest``, unchanged since."""
         memo = self._memo(path, digest)
         try:
-            return bool(json.loads(memo.read_text()) == _identity(path))
+            return bool(json.loads(memo.read_text()) == _identity(path, fd))
         except (OSError, ValueError):
             return False
 

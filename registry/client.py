@@ -146,7 +146,9 @@ class Registry:
         architecture = {**weights.architecture, **architecture}
         if target is None:
             target = architectures.default_name(tag_map, architecture)
-        staged = write_shards(weights.tensors, target_size, self._backend.staging_dir())
+        # The latest version's shards found on this machine are compared, not written again.
+        staged = write_shards(weights.tensors, target_size, self._backend.staging_dir(),
+                              known=self._backend.known_shards(target))
         try:
             staged += attachments.stage(named, self._backend.staging_dir())
             shards = [s.file for s in staged if s.file.role == "weights"]

@@ -17,13 +17,13 @@ built here, so none of them assumes a version is one blob.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .digests import version_digest
-from .errors import RefError
+from .errors import DigestMismatchError, RefError
 
 Role = Literal["weights", "file", "export"]
 # Roles a push may list (exports are registered after the version exists).
@@ -65,10 +65,14 @@ class VersionFile:
 
 @dataclass(frozen=True)
 class StagedFile:
-    """A file written by a push, ready to upload: where it is and what it will be."""
+    """A file written by a push, ready to upload: where it is and what it will be.
+
+    ``write`` is set when the push found these bytes stored already and did not write them
+    (registry/unchanged.py): :meth:`ensure` writes the file should it be needed after all."""
 
     path: Path
     file: VersionFile = field()
+    write: Callable[[Path], tuple[str, int]] | None = None
 
     @property
     def digest(self) -> str:
@@ -77,6 +81,24 @@ class StagedFile:
     @property
     def size(self) -> int:
         return self.file.size
+
+    @property
+    def available(self) -> bool:
+        """Whether the file is here, or can be written again."""
+        return self.write is not None or self.path.exists()
+
+    def ensure(self) -> Path:
+        """The staged file's path, written first if the push skipped it; its bytes must hash
+        to the recorded digest, else :class:`DigestMismatchError` (nothing is uploaded)."""
+        if self.write is not None and not self.path.exists():
+            digest, size = self.write(self.path)
+            if (digest, size) != (self.digest, self.size):
+                self.path.unlink(missing_ok=True)
+                raise DigestMismatchError(
+                    f"{self.file.name} was matched to stored blob {self.digest} but now writes "
+                    f"as {digest} ({size} bytes): were the weights changed during the push? "
+                    "Push again")
+        return self.path
 
 
 def shard_name(index: int, count: int) -> str:

@@ -35,6 +35,7 @@ from .files import StagedFile
 from .gc import GcReport
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref, validate_name
+from .unchanged import KnownShard, known_shards
 from .validate import (
     MAX_PAGE,
     answer_field,
@@ -119,6 +120,10 @@ class RemoteBackend:
     def staging_dir(self) -> Path:
         return self.cache.tmp_dir()
 
+    def known_shards(self, name: str) -> list[KnownShard]:
+        """The latest version's shards in the verified cache (never downloaded for this)."""
+        return known_shards(self.resolve, name, self.cache.verified, self.cache.path)
+
     def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
              aliases: Iterable[str]) -> PushResult:
@@ -133,7 +138,7 @@ class RemoteBackend:
             uploads = [(target, by_digest[digest]) for target, digest in
                        answer_field(begun, "push answer", "uploads",
                                     lambda v: _upload_targets(v, by_digest))]
-            concurrently(lambda job: self._upload(job[0], job[1].path, job[1].size,
+            concurrently(lambda job: self._upload(job[0], job[1].ensure(), job[1].size,
                                                   job[1].digest),
                          uploads, workers=UPLOAD_CONCURRENCY)
             record = record_from_wire(self._call(

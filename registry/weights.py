@@ -33,6 +33,7 @@ and dtype in one ``Tensor.to``; a tensor already where it belongs is used in pla
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import struct
@@ -47,6 +48,7 @@ import torch
 from .digests import HashingWriter
 from .errors import ManifestError, NormalizationError
 from .files import StagedFile, VersionFile, shard_name
+from .unchanged import KnownShard, matching
 
 ALIGNMENT = 64
 
@@ -73,14 +75,11 @@ def file_order(tensors: Mapping[str, torch.Tensor]) -> list[str]:
             + [k for k in names if nbytes(tensors[k]) % ALIGNMENT != 0])
 
 
-def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
-                      metadata: Mapping[str, str] | None = None,
-                      order: Sequence[str] | None = None) -> tuple[str, int]:
-    """Write ``tensors`` (CPU, contiguous) as one safetensors file, aligned unless ``order``
-    (the keys in the order their bytes follow each other) is given.
-
-    Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
-    """
+def safetensors_header(tensors: Mapping[str, torch.Tensor],
+                       metadata: Mapping[str, str] | None = None,
+                       order: Sequence[str] | None = None) -> tuple[list[str], bytes]:
+    """The file order of ``tensors`` (aligned unless ``order`` is given) and the bytes that
+    precede their data in a safetensors file: the header's length, then the padded header."""
     if sys.byteorder != "little":
         raise NormalizationError("safetensors files are little-endian; pushing from a "
                                  "big-endian machine is not supported")
@@ -103,15 +102,32 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLi
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % ALIGNMENT)
+    return order, struct.pack("<Q", len(raw)) + raw
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, in place (no copy)."""
+    size = nbytes(tensor)
+    if not size:
+        return memoryview(b"")
+    return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
+
+
+def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
+                      metadata: Mapping[str, str] | None = None,
+                      order: Sequence[str] | None = None) -> tuple[str, int]:
+    """Write ``tensors`` (CPU, contiguous) as one safetensors file, aligned unless ``order``
+    (the keys in the order their bytes follow each other) is given.
+
+    Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
+    """
+    order, head = safetensors_header(tensors, metadata, order)
     with open(path, "wb", buffering=0) as fh:
         out = HashingWriter(fh)
-        out.write(struct.pack("<Q", len(raw)))
-        out.write(raw)
+        out.write(head)
         for key in order:
-            tensor = tensors[key]
-            size = nbytes(tensor)
-            if size:
-                out.write(memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())))
+            if nbytes(tensors[key]):
+                out.write(tensor_bytes(tensors[key]))
     return out.digest(), out.written
 
 
@@ -178,19 +194,36 @@ def plan_shards(sizes: Sequence[tuple[str, int]], target: int) -> list[list[str]
     return shards
 
 
-def write_shards(tensors: Mapping[str, torch.Tensor], target: int,
-                 staging: Path) -> list[StagedFile]:
+def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path, *,
+                 known: Sequence[KnownShard] = ()) -> list[StagedFile]:
     """Split ``tensors`` (in state-dict order) and write each shard into ``staging``, hashing as
-    it writes; several shards are written at once. On failure nothing is left behind."""
+    it writes; several shards are written at once. On failure nothing is left behind.
+
+    A shard whose bytes equal one of ``known`` (verified local copies of stored shards) is not
+    written: it takes that shard's digest and is written only if the push turns out to need
+    the file after all (:mod:`registry.unchanged`)."""
     plan = plan_shards([(k, nbytes(t)) for k, t in tensors.items()], target)
     if not plan:
         plan = [[]]  # a model with no tensors still has one (empty) weights file
     stem = f"push-{uuid.uuid4().hex}"
     paths = [staging / f"{stem}-{i:05d}.safetensors" for i in range(len(plan))]
+    by_keys: dict[tuple[str, ...], list[KnownShard]] = {}
+    for shard in known:
+        by_keys.setdefault(tuple(sorted(shard.file.tensors)), []).append(shard)
 
     def write(i: int) -> StagedFile:
-        digest, size = write_safetensors({k: tensors[k] for k in plan[i]}, paths[i])
-        return StagedFile(paths[i], VersionFile("weights", shard_name(i, len(plan)), digest, size,
+        part = {k: tensors[k] for k in plan[i]}
+        name = shard_name(i, len(plan))
+        if by_keys:
+            order, head = safetensors_header(part)
+            size = len(head) + sum(nbytes(t) for t in part.values())
+            same = matching(plan[i], head, size, part, order, by_keys)
+            if same is not None:
+                return StagedFile(paths[i], VersionFile("weights", name, same.file.digest, size,
+                                                        tuple(sorted(plan[i]))),
+                                  write=functools.partial(write_safetensors, part))
+        digest, size = write_safetensors(part, paths[i])
+        return StagedFile(paths[i], VersionFile("weights", name, digest, size,
                                                 tuple(sorted(plan[i]))))
 
     try:
