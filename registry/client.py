@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments, placement, readahead
+from . import architectures, attachments, placement, prefault, readahead
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -307,8 +307,11 @@ class Registry:
         out: dict[str, torch.Tensor] = {}
         for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
                                     weight_files(record.manifest)):
-            out.update(load_shard(path, {k: specs[k] for k in shard.tensors}, placement,
-                                  policy, origin=origin))
+            loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
+                                origin=origin)
+            # Map the shard's pages on other threads while the pull goes on (prefault.py).
+            prefault.start(loaded.values(), self.settings.prefault_threads)
+            out.update(loaded)
         out = dict(sorted(out.items()))
         for alias, kept in tied.items():
             out[alias] = out[kept]

@@ -19,6 +19,8 @@ from ..settings import redact_url as redact
 VERSION_TABLE = "registry_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 PG_CONNECT_TIMEOUT_S = 10
+# Execution option of a connection whose transactions only read (Catalog.resolve's fast path).
+READ_ONLY = "registry_read_only"
 
 
 def make_engine(url: str) -> Engine:
@@ -59,8 +61,10 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def on_begin(connection: Any) -> None:
         # Take the write lock up front: two processes that both read then write would otherwise
-        # deadlock on the upgrade from a read lock, and one of them would fail.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # deadlock on the upgrade from a read lock, and one of them would fail. A transaction
+        # that only reads (READ_ONLY) takes a snapshot instead, so it never waits for a writer.
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 @contextlib.contextmanager

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Connection, Engine, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import NotFoundError, RefError, VersionExistsError
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
-from . import rebuild
-from .db import ensure_schema, make_engine, mapped_errors
+from . import lookup, rebuild
+from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
@@ -47,19 +47,31 @@ class Catalog(MirrorStates):
         self.engine = engine or make_engine(url)
         self._auto_migrate = auto_migrate
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reader = self.engine.execution_options(**{READ_ONLY: True})
         self._checked = False
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def _check_schema(self) -> None:
+        if not self._checked:
+            ensure_schema(self.engine, auto_migrate=self._auto_migrate)
+            self._checked = True
+
     @contextmanager
     def _session(self) -> Iterator[Session]:
         with mapped_errors(self.url):
-            if not self._checked:
-                ensure_schema(self.engine, auto_migrate=self._auto_migrate)
-                self._checked = True
+            self._check_schema()
             with self._sessions.begin() as session:
                 yield session
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[Connection]:
+        """A transaction that only reads, without the write lock (SQLite)."""
+        with mapped_errors(self.url):
+            self._check_schema()
+            with self._reader.begin() as conn:
+                yield conn
 
     # -- push -----------------------------------------------------------------------------
 
@@ -149,7 +161,11 @@ class Catalog(MirrorStates):
     # -- reads ----------------------------------------------------------------------------
 
     def resolve(self, ref: Ref) -> VersionRecord:
-        with self._session() as s:
+        with self._snapshot() as conn:
+            found = lookup.resolve_ready(conn, ref)
+        if found is not None:
+            return found
+        with self._session() as s:  # it does not resolve: this path raises the right error
             model = self._model(s, ref.name, live=False)
             if ref.alias is not None:
                 target = s.scalar(select(AliasRow.version).where(

@@ -1,0 +1,63 @@
+"""Resolving a ref in one read-only snapshot: the catalog round trip of every pull.
+
+``Catalog.resolve`` asks here first: one Core query for the ready version row (joined to its
+model, and to the alias for ``name@alias``) and one for the aliases pointing at it, in a
+transaction that takes no write lock. The ORM path it replaces ran four ORM queries in a
+write-locking transaction (about 2 ms of a 200 MB pull). A ref that does not resolve gives None,
+and the ORM path then raises the error that says why (deleted, no such alias, latest is ...):
+there is one place for those messages. Nothing is cached between calls, so a deleted version
+or a moved alias is seen by the very next resolve.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import Connection, bindparam, select
+
+from ..refs import Ref
+from .models import READY, AliasRow, ModelRow, VersionRow
+from .records import VersionRecord
+
+_models = ModelRow.__table__
+_versions = VersionRow.__table__
+_aliases = AliasRow.__table__
+_m, _v, _a = _models.c, _versions.c, _aliases.c
+
+# Built once: building a Core statement costs more than running it on SQLite.
+# The model's id as a scalar subquery rather than a join: PostgreSQL then plans it as a
+# parameter known before the scan and walks the (model_id, version) index backwards for the
+# latest version (one row) instead of joining all of the model's versions and sorting them
+# (15 ms at 10,000 versions, benchmark row 9).
+_MODEL_ID = select(_m.id).where(_m.name == bindparam("name")).scalar_subquery()
+_READY = (select(_v.model_id.label("id"), _v.version, _v.digest, _v.size_bytes, _v.manifest,
+                 _v.tags)
+          .where(_v.model_id == _MODEL_ID, _v.state == READY))
+_BY_VERSION = _READY.where(_v.version == bindparam("version"))
+_BY_ALIAS = _READY.join(_aliases, (_a.model_id == _v.model_id) & (_a.version == _v.version)) \
+    .where(_a.alias == bindparam("alias"))
+_BY_DIGEST = _READY.where(_v.digest == bindparam("digest")).order_by(_v.version.desc()).limit(1)
+_LATEST = _READY.order_by(_v.version.desc()).limit(1)
+_ALIASES_OF = (select(_a.alias)
+               .where(_a.model_id == bindparam("model_id"), _a.version == bindparam("version"))
+               .order_by(_a.alias))
+
+
+def resolve_ready(conn: Connection, ref: Ref) -> VersionRecord | None:
+    """The ready version ``ref`` names, or None when it names none."""
+    if ref.alias is not None:
+        row = conn.execute(_BY_ALIAS, {"name": ref.name, "alias": ref.alias}).first()
+    elif ref.digest is not None:
+        row = conn.execute(_BY_DIGEST, {"name": ref.name, "digest": ref.digest}).first()
+    elif ref.version is not None:
+        row = conn.execute(_BY_VERSION, {"name": ref.name, "version": ref.version}).first()
+    else:
+        row = conn.execute(_LATEST, {"name": ref.name}).first()
+    if row is None:
+        return None
+    aliases = conn.execute(_ALIASES_OF, {"model_id": row.id, "version": row.version}).scalars()
+    return VersionRecord(
+        name=ref.name, version=row.version, digest=row.digest, size_bytes=row.size_bytes,
+        manifest=json.loads(row.manifest) if row.manifest else {},
+        tags=json.loads(row.tags), aliases=list(aliases),
+    )
