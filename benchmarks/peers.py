@@ -210,9 +210,9 @@ def small_pull(b: Any) -> list[Row]:
         f"Times: median of {runs} interleaved runs after 2 warm-ups; samples (s): pull "
         f"{t['pull'].spread()}, floor {t['floor'].spread()}. Peak RSS: VmHWM after writing 5 to "
         f"/proc/self/clear_refs, minus VmRSS before, in a fresh interpreter, median of "
-        f"{len(pulls)}. What remains of the fixed cost: the catalog resolve (SQLAlchemy ORM, "
-        "aliases included), building the module on meta, check_fits, the verification memo "
-        "and load_state_dict(assign=True).")
+        f"{len(pulls)}. What remains of the fixed cost: building the module on meta and "
+        "load_state_dict(assign=True) (nn.Module's own Python), reading the shard, the catalog "
+        "resolve (two Core queries), check_fits and the verification memo.")
     return [row]
 
 
