@@ -134,6 +134,15 @@ MAX_TENSORS = 10_000_000
 MAX_NDIM = 32
 MAX_KEY_CHARS = 1024
 
+# Every top-level key a manifest of a readable format may hold. A key outside it is refused, not
+# ignored: a changed byte in a key's name (the checksum's own, say) must not turn a checked
+# manifest into an unchecked one. A key added later comes with a new format_version.
+TOP_LEVEL_KEYS = frozenset({
+    "format_version", "name", "version", "created_at", "digest", "files", "tensor_count",
+    "tensors", "extras", "architecture", "source", "module_metadata", "key_order", "tags",
+    "attachments",
+})
+
 
 def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     """``manifest`` if it is a well-formed manifest whose digest matches its files.
@@ -152,6 +161,9 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
                 f"understands ({FORMAT_VERSION}); upgrade the registry package")
         raise ManifestError(f"{origin} is not a registry manifest (format_version "
                             f"{quoted(fmt)}; expected one of {READABLE_FORMATS})")
+    if unknown := sorted(str(k) for k in m if k not in TOP_LEVEL_KEYS):
+        _fail(origin, "a top-level key", unknown[0],
+              f"one of {sorted(TOP_LEVEL_KEYS)} (format {fmt} holds no other)")
     try:
         validate_name(m.get("name"))
     except RefError as exc:
@@ -195,6 +207,11 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
         lost = next(k for k in tensors if k not in placed)
         _fail(origin, "tensors", lost, "a key that one of the files holds")
     _source(m.get("source"), tensors, origin)
+    stored = len(tensors) + len(m["source"].get("tied", {}))
+    count = m.get("tensor_count", stored)
+    if not _is_int(count) or count != stored:
+        _fail(origin, "tensor_count", count,
+              "the number of stored tensors plus tied aliases")
     for part in ("extras", "architecture"):
         try:  # plain JSON: no NaN or infinity, which a reader's JSON may not take back
             json.dumps(_obj(m.get(part, {}), part, origin), allow_nan=False)

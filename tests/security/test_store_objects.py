@@ -76,6 +76,9 @@ BAD_MANIFESTS = {
     "tags a list": (lambda r: _tampered(r, tags=["x"]), "tags"),
     "huge tag": (lambda r: _tampered(r, tags={"k": "x" * 10_000}), "tag"),
     "format_version a string": (lambda r: _tampered(r, format_version="1"), "format_version"),
+    "an unknown key": (lambda r: _tampered(r, factory="os:system"), "top-level key"),
+    "tensor_count off by one": (lambda r: _tampered(r, tensor_count=_manifest(r)["tensor_count"]
+                                                   + 1), "tensor_count"),
     "a JSON list": (lambda r: [], "expected a JSON object"),
     "not JSON": (lambda r: b"{not json", "not valid JSON"),
     "empty": (lambda r: b"", "not valid JSON"),
@@ -97,6 +100,23 @@ def test_a_manifest_changed_under_its_checksum_refuses_the_rebuild(
     _write(seeded, "manifests/m/v1.json", stored)
     message = _refused(seeded, "does not match its checksum")
     assert "manifests/m/v1.json" in message
+
+
+def test_a_changed_byte_in_the_checksum_key_name_refuses_the_rebuild(
+        seeded: registry.Registry) -> None:
+    """Found by tests/faults: ``manifest_sha256`` -> ``manife{t_sha256`` once read as a manifest
+    with no checksum plus a key nobody reads, and the rebuild took it."""
+    path = _objects(seeded) / "manifests/m/v1.json"
+    good = path.read_bytes()
+    at = good.index(mf.CHECKSUM_KEY.encode())
+    for i in range(len(mf.CHECKSUM_KEY)):
+        data = bytearray(good)
+        data[at + i] ^= 0x10
+        path.write_bytes(bytes(data))
+        message = _refused(seeded, "top-level key|not valid JSON")  # a "2" flips to a quote
+        assert "manifests/m/v1.json" in message
+    path.write_bytes(good)
+    assert seeded.backend.rebuild() == 2
 
 
 @pytest.mark.parametrize("key", ["manifests/EVIL/v1.json", "manifests/a b/v1.json",
