@@ -37,6 +37,7 @@ from .refs import (
     validate_version,
 )
 from .settings import Settings, parse_size
+from .staging import Stagings
 from .statedict import ordered_state
 from .store import ObjectStore
 from .weights import load_shard, write_shards
@@ -305,13 +306,16 @@ class Registry:
         specs = record.manifest["tensors"]
         origin = f"{record.name}:v{record.version}"
         out: dict[str, torch.Tensor] = {}
+        # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
+        stagings = Stagings(prefault_threads=self.settings.prefault_threads)
         for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
                                     weight_files(record.manifest)):
             loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
-                                origin=origin)
+                                origin=origin, stagings=stagings)
             # Map the shard's pages on other threads while the pull goes on (prefault.py).
             prefault.start(loaded.values(), self.settings.prefault_threads)
             out.update(loaded)
+        stagings.finish()
         out = dict(sorted(out.items()))
         for alias, kept in tied.items():
             out[alias] = out[kept]

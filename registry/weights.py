@@ -27,7 +27,8 @@ because it needs two things that writer does not offer:
 The files are ordinary safetensors: ``safe_open`` and ``load_file`` read them.
 
 **The reader** (:func:`load_shard`) maps a verified shard and moves each tensor to its device
-and dtype in one ``Tensor.to``; a tensor already where it belongs is used in place.
+and dtype in one ``Tensor.to``; a tensor already where it belongs is used in place. Tensors bound
+for CUDA cross through pinned, double-buffered staging instead (:mod:`registry.staging`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch
 from .digests import HashingWriter
 from .errors import ManifestError, NormalizationError
 from .files import StagedFile, VersionFile, shard_name
+from .staging import Staging, Stagings
 from .unchanged import KnownShard, matching
 
 ALIGNMENT = 64
@@ -250,16 +252,19 @@ def load_shard(
     dtype_for: DtypeFor,
     *,
     origin: str,
+    stagings: Stagings | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of a verified shard on its device and dtype.
 
     ``expected`` is the manifest's ``{key: {"dtype", "shape"}}`` for this shard: a file whose
     tensors differ from what the manifest lists is refused, so a manifest can never make a pull
-    hand back tensors it does not describe.
+    hand back tensors it does not describe. Tensors bound for a device that ``stagings`` stages
+    for (CUDA) cross through its pinned buffers (:mod:`registry.staging`), in file order.
     """
     from safetensors.torch import safe_open
 
     out: dict[str, torch.Tensor] = {}
+    staged: dict[Staging, list[tuple[str, torch.Tensor, torch.dtype]]] = {}
     with safe_open(str(path), framework="pt", device="cpu") as fh:
         keys = list(fh.keys())
         if set(keys) != set(expected):
@@ -280,11 +285,21 @@ def load_shard(
                     f"but its manifest says {spec['dtype']} {spec['shape']}; push the model again"
                 )
             device = placement(key)
-            moved = tensor.to(device=device, dtype=dtype_for(key, tensor.dtype, device))
+            dtype = dtype_for(key, tensor.dtype, device)
+            staging = stagings.get(device) if stagings is not None else None
+            if staging is not None:
+                staged.setdefault(staging, []).append((key, tensor, dtype))
+                continue
+            moved = tensor.to(device=device, dtype=dtype)
             if moved is tensor and tensor.data_ptr() % ALIGNMENT:
                 # Still in the file's map at an unaligned address (an odd-sized tensor stored
                 # after the aligned ones, or a file written by another tool): copy it into
                 # fresh memory, which is aligned, so kernels behave as on the pushed module.
                 moved = tensor.clone()
             out[key] = moved
+    for staging, items in staged.items():
+        # File order: the host copies walk the map front to back, as the prefault reads it.
+        items.sort(key=lambda item: item[1].data_ptr())
+        moved_all = staging.move((t, dtype) for _, t, dtype in items)
+        out.update((key, moved) for (key, _, _), moved in zip(items, moved_all, strict=True))
     return out
