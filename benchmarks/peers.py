@@ -25,7 +25,6 @@ from .measure import Case, interleaved, touch_module
 from .report import Row
 
 MB = 1e6
-READAHEAD_THREADS = 4
 
 
 def _s(seconds: float) -> str:
@@ -126,11 +125,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
 def warm_and_cold(b: Any) -> list[Row]:
     """Rows 14 and 15: a local pull of the default model, page cache warm and then cold."""
     cases, missing = peer_cases(b.blob, b.size, b.scratch, b.net)
-    ahead = registry.Registry(home=b.work / "home")
-    ahead.settings = ahead.settings.with_overrides(readahead_threads=READAHEAD_THREADS)
-    ours = {"pull": lambda: touch_module(b.reg.pull(b.ref, device="cpu")),
-            f"pull, readahead x{READAHEAD_THREADS}":
-                lambda: touch_module(ahead.pull(b.ref, device="cpu"))}
+    ours = {"pull": lambda: touch_module(b.reg.pull(b.ref, device="cpu"))}
     row14 = Row(14, f"local pull to CPU, warm page cache, {b.nbytes / MB:.0f} MB",
                 "runai-model-streamer, tensorizer, fastsafetensors (CPU), torch.load(mmap) + "
                 "assign", "<= 1.0x the fastest")
@@ -153,15 +148,12 @@ def warm_and_cold(b: Any) -> list[Row]:
         row.ok = pull / peers[best_peer] <= (0.9 if cold else 1.0)
         row.notes.append("Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ".")
         row.notes.append(
-            f"The pull with REGISTRY_READAHEAD_THREADS={READAHEAD_THREADS} (posix_fadvise "
-            f"WILLNEED on 8 MiB ranges, registry/readahead.py) took "
-            f"{_s(medians[f'pull, readahead x{READAHEAD_THREADS}'])}; the default pull leaves "
-            "readahead to the kernel (this disk's window: "
+            f"The pull maps its pages on {b.reg.settings.prefault_threads} threads "
+            "(registry/prefault.py) on top of the kernel's readahead (this disk's window: "
             f"{_read_ahead_kb()} KiB).")
         if cold:
             row.notes.append("Before every sample: `sync; echo 1 > /proc/sys/vm/drop_caches`.")
         row.notes.extend(missing)
-    ahead.close()
     row14.notes.append(
         "The peers copy every tensor into private memory (runai, tensorizer, fastsafetensors) "
         "and build the module on meta then assign; the pull and torch.load(mmap) map the file.")

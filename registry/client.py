@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments, placement, prefault, readahead
+from . import architectures, attachments, placement, prefault
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -208,13 +208,8 @@ class Registry:
         to the module's device and dtype and returns outputs where the inputs came from.
         """
         record = _checked(self._backend.resolve(parse(ref)))
-        warming = self._readahead(record)
-        try:
-            return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
-                              align_inputs)
-        finally:
-            if warming is not None:
-                warming.wait()
+        return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
+                          align_inputs)
 
     def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
               model: mat.ModelSpec, device_map: DeviceMap,
@@ -268,12 +263,7 @@ class Registry:
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
         record = _checked(self._backend.resolve(parse(ref)))
-        warming = self._readahead(record)
-        try:
-            return self._pull_state_dict(record, device, dtype)
-        finally:
-            if warming is not None:
-                warming.wait()
+        return self._pull_state_dict(record, device, dtype)
 
     def _pull_state_dict(self, record: VersionRecord, device: dev.DeviceRequest,
                          dtype: dev.DtypeRequest) -> dict[str, Any]:
@@ -288,15 +278,6 @@ class Registry:
         state: dict[str, Any] = self._read(record, lambda _k: target, policy, tied)
         state.update(manifest.get("extras", {}))
         return ordered_state(state, manifest)
-
-    def _readahead(self, record: VersionRecord) -> readahead.Readahead | None:
-        """Start warming the page cache for the shards already on this machine (off unless
-        REGISTRY_READAHEAD_THREADS is set), overlapping the module's construction."""
-        threads = self.settings.readahead_threads
-        if threads <= 0:
-            return None
-        return readahead.start(self._backend, [(f.digest, f.size)
-                                               for f in weight_files(record.manifest)], threads)
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
               tied: dict[str, str]) -> dict[str, torch.Tensor]:

@@ -15,7 +15,6 @@
 | REGISTRY_GC_GRACE           | 6h                                    |
 | MLFLOW_TRACKING_URI         | unset (sync: $REGISTRY_HOME/mlflow.db)|
 | AWS_MAX_ATTEMPTS            | 4 (the S3 store's retry bound)        |
-| REGISTRY_READAHEAD_THREADS  | 0 (pulls leave readahead to the kernel)|
 | REGISTRY_PREFAULT_THREADS   | 2 (threads mapping a pull's pages)    |
 
 Every environment variable the registry reads is read here, and only here.
@@ -64,8 +63,6 @@ class Settings:
     s3_max_attempts: int | None = None
     # gc never deletes what is younger than this, and drops reservations older than it.
     gc_grace: timedelta = DEFAULT_GC_GRACE
-    # Threads warming the page cache for a pull's shard files (registry/readahead.py); 0: none.
-    readahead_threads: int = 0
     # Threads mapping the pages of a pull's memory-mapped tensors (registry/prefault.py); 0: none.
     prefault_threads: int = DEFAULT_PREFAULT_THREADS
 
@@ -119,7 +116,6 @@ class Settings:
         shard_raw = env.get("REGISTRY_SHARD_SIZE") or None
         grace_raw = env.get("REGISTRY_GC_GRACE") or None
         attempts_raw = env.get("AWS_MAX_ATTEMPTS") or None
-        readahead_raw = env.get("REGISTRY_READAHEAD_THREADS") or None
         prefault_raw = env.get("REGISTRY_PREFAULT_THREADS") or None
         return cls(
             home=home_path,
@@ -142,8 +138,6 @@ class Settings:
             if grace_raw else DEFAULT_GC_GRACE,
             s3_max_attempts=_positive_int(attempts_raw, "AWS_MAX_ATTEMPTS")
             if attempts_raw else None,
-            readahead_threads=_count(readahead_raw, "REGISTRY_READAHEAD_THREADS")
-            if readahead_raw else 0,
             prefault_threads=_count(prefault_raw, "REGISTRY_PREFAULT_THREADS")
             if prefault_raw else DEFAULT_PREFAULT_THREADS,
         )
