@@ -88,6 +88,13 @@ class BlobCache:
         # The digest may come from a server's answer: it becomes a path only once it is checked.
         return self.root / "blobs" / "sha256" / hexdigest(digest)
 
+    def holds_verified(self) -> bool:
+        """Whether any blob here has a verification memo (none: nothing here to compare)."""
+        try:
+            return any(self.verified.root.iterdir())
+        except OSError:
+            return False
+
     def tmp_dir(self) -> Path:
         path = self.root / "tmp"
         path.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,10 @@ class RemoteBackend:
         return self.cache.tmp_dir()
 
     def known_shards(self, name: str) -> list[KnownShard]:
-        """The latest version's shards in the verified cache (never downloaded for this)."""
+        """The latest version's shards in the verified cache (never downloaded for this); with
+        nothing verified in the cache, not even the server is asked which they are."""
+        if not self.cache.holds_verified():
+            return []
         return known_shards(self.resolve, name, self.cache.verified, self.cache.path)
 
     def push(self, name: str, version: int | None, staged: Sequence[StagedFile],

@@ -211,8 +211,18 @@ def test_a_server_client_compares_against_its_cache(tmp_path: Path,
         assert len(set(_digests(v2)) - set(_digests(v1))) == 1
         written.clear()
         other = Registry(server.url, home=tmp_path / "other")
+        # With nothing verified in its cache, the client does not ask the server for the
+        # latest version's shards before it pushes (one round trip less).
+        from registry.remote import RemoteBackend
+
+        resolved: list[object] = []
+        real_resolve = RemoteBackend.resolve
+        monkeypatch.setattr(RemoteBackend, "resolve",
+                            lambda self, ref: resolved.append(ref) or real_resolve(self, ref))
         v3 = other.push(tuned, "lm", shard_size=SHARD)
+        assert resolved == []
         assert len(written) == 5 and v3.metadata["push"]["shards_uploaded"] == 0
+        monkeypatch.setattr(RemoteBackend, "resolve", real_resolve)
         assert_same_state(other.pull_state_dict("lm:v2", device="cpu"), tuned.state_dict())
         client.close()
         other.close()
