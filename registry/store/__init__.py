@@ -99,8 +99,12 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     if url.startswith("s3://"):
         from .s3 import S3Store
 
-        return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url if settings else None,
-                                max_attempts=settings.s3_max_attempts if settings else None)
+        if settings is None:
+            return S3Store.from_url(url)
+        return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url,
+                                max_attempts=settings.s3_max_attempts,
+                                part_size=settings.s3_part_size,
+                                concurrency=settings.s3_concurrency)
     raise SettingsError(f"store URL {url!r} is not supported; use file:///path or s3://bucket/prefix")
 
 

@@ -28,13 +28,15 @@ from urllib.parse import urlparse
 from .._progress import transfer
 from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
+from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
+from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from . import Progress
 
 DEFAULT_REGION = "us-east-1"
-# Parts of 16 MiB, 8 in flight: enough to fill a 10 Gb/s link to MinIO without holding much
-# memory (s3transfer buffers at most max_io_queue chunks).
-PART_SIZE = 16 * 2**20
-CONCURRENCY = 8
+# Defaults: parts of 16 MiB, 8 in flight per object (REGISTRY_S3_PART_SIZE and
+# REGISTRY_S3_CONCURRENCY change them; s3transfer buffers at most max_io_queue parts).
+PART_SIZE = DEFAULT_S3_PART_SIZE
+CONCURRENCY = DEFAULT_S3_CONCURRENCY
 MAX_ATTEMPTS = 4  # the first try and three retries: a few seconds of backoff, not minutes
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
@@ -57,8 +59,11 @@ class S3Store:
     """Objects under ``s3://bucket/prefix``; the boto3 client is created on first use."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
-                 region: str | None = None, max_attempts: int | None = None) -> None:
+                 region: str | None = None, max_attempts: int | None = None,
+                 part_size: int = PART_SIZE, concurrency: int = CONCURRENCY) -> None:
         self.bucket = bucket
+        self.part_size = part_size
+        self.concurrency = concurrency
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url or None
         self.region = region
@@ -69,7 +74,8 @@ class S3Store:
 
     @classmethod
     def from_url(cls, url: str, endpoint_url: str | None = None,
-                 max_attempts: int | None = None) -> S3Store:
+                 max_attempts: int | None = None, *, part_size: int = PART_SIZE,
+                 concurrency: int = CONCURRENCY) -> S3Store:
         """Parse ``s3://bucket[/prefix]``; ``endpoint_url`` points at MinIO or another service."""
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
@@ -93,7 +99,8 @@ class S3Store:
                     f"S3 endpoint {_redact(endpoint_url)!r} is not an http(s) URL; set "
                     "REGISTRY_S3_ENDPOINT_URL to e.g. http://localhost:9000"
                 )
-        return cls(bucket, prefix, endpoint_url=endpoint_url, max_attempts=max_attempts)
+        return cls(bucket, prefix, endpoint_url=endpoint_url, max_attempts=max_attempts,
+                   part_size=part_size, concurrency=concurrency)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint_url={self.where})"
@@ -125,7 +132,10 @@ class S3Store:
                      "total_max_attempts": self.max_attempts or MAX_ATTEMPTS},
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=READ_TIMEOUT_S,
-            max_pool_connections=CONCURRENCY * 2,
+            # Every part of every file in flight at once gets a kept connection (a pull
+            # fetches DOWNLOAD_CONCURRENCY shards side by side), so none is opened and dropped.
+            max_pool_connections=self.concurrency * max(UPLOAD_CONCURRENCY,
+                                                        DOWNLOAD_CONCURRENCY),
         )
         with self._mapped_errors():
             return session.client("s3", endpoint_url=self.endpoint_url, config=config)
@@ -141,9 +151,9 @@ class S3Store:
         from boto3.s3.transfer import TransferConfig
 
         return TransferConfig(
-            multipart_threshold=PART_SIZE,
-            multipart_chunksize=PART_SIZE,
-            max_concurrency=CONCURRENCY,
+            multipart_threshold=self.part_size,
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.concurrency,
             use_threads=True,
         )
 
@@ -170,7 +180,7 @@ class S3Store:
 
     def put_file(self, key: str, path: Path, *, move: bool = False,
                  progress: Progress | None = None) -> None:
-        """Upload with s3transfer: multipart with concurrent parts above ``PART_SIZE``."""
+        """Upload with s3transfer: multipart with concurrent parts above the part size."""
         from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
 
         full = self._key(key)
