@@ -81,13 +81,13 @@ class Staging:
         copies, so a cold shard is read from disk in parallel with the copies."""
         work = list(items)
         prefault.start((t for t, _ in work), self.prefault_threads)
-        raw: list[torch.Tensor] = []
-        for tensor, _ in work:
-            raw.append(self._copy(tensor))
+        out = [self._copy(tensor) for tensor, _ in work]
         self._flush()
-        out = []
-        for (tensor, dtype), moved in zip(work, raw, strict=True):
-            out.append(moved if dtype == tensor.dtype else moved.to(dtype))
+        for i, (tensor, dtype) in enumerate(work):
+            if dtype != tensor.dtype:
+                # The stored-dtype copy goes as soon as its cast is queued: the device holds
+                # one tensor in both dtypes at a time, not the whole shard.
+                out[i] = out[i].to(dtype)
         return out
 
     def finish(self) -> None:
