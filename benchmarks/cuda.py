@@ -16,8 +16,8 @@ import torch
 
 import registry
 
-from . import model
 from .measure import Case, interleaved
+from .peers import _meta_module
 from .report import Row
 
 MB = 1e6
@@ -25,11 +25,6 @@ MB = 1e6
 
 def _s(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def _meta_module(size: model.Size) -> torch.nn.Module:
-    with torch.device("meta"):
-        return model.BenchModel(**model.kwargs(size))
 
 
 def cuda_pull(b: Any) -> list[Row]:

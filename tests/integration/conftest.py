@@ -253,6 +253,10 @@ class CuttingProxy:
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def blob_requests(self, method: bytes) -> list[bytes]:
+        """Request lines seen for ``/blobs/`` keys with ``method`` (b"GET", b"PUT")."""
+        return [r for r in self.requests if r.startswith(method + b" ") and b"/blobs/" in r]
+
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):

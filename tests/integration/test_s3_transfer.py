@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -54,26 +53,23 @@ def test_bad_values_are_refused_by_name(tmp_path: Path, variable: str, value: st
 
 
 @pytest.mark.s3
-def test_the_part_size_shapes_the_requests(moto_server: Any, aws_env: None, s3_bucket: str,
-                                           tmp_path: Path) -> None:
-    proxy = CuttingProxy(moto_server.url)
-    try:
-        settings = Settings.from_env({
-            **os.environ, "REGISTRY_HOME": str(tmp_path / "home"),
-            "REGISTRY_S3_ENDPOINT_URL": proxy.url, "REGISTRY_S3_PART_SIZE": "5MiB",
-            "REGISTRY_S3_CONCURRENCY": "2"})
-        store = open_store(f"s3://{s3_bucket}/team", settings)
-        data = os.urandom(12 * MiB + 123)
-        src = tmp_path / "src"
-        src.write_bytes(data)
-        store.put_file("blobs/sha256/big", src)
-        parts = [r for r in proxy.requests if r.startswith(b"PUT ") and b"partNumber=" in r]
-        assert len(parts) == 3, proxy.requests  # 5 + 5 + 2 MiB
-        proxy.requests.clear()
-        digest = store.get_to_file("blobs/sha256/big", tmp_path / "dl")
-        gets = [r for r in proxy.requests if r.startswith(b"GET ") and b"/blobs/" in r]
-        assert len(gets) == 3, proxy.requests  # three ranged GETs
-        assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
-        assert (tmp_path / "dl").read_bytes() == data
-    finally:
-        proxy.close()
+def test_the_part_size_shapes_the_requests(cutting_proxy: CuttingProxy, aws_env: None,
+                                           s3_bucket: str, tmp_path: Path) -> None:
+    proxy = cutting_proxy
+    settings = Settings.from_env({
+        **os.environ, "REGISTRY_HOME": str(tmp_path / "home"),
+        "REGISTRY_S3_ENDPOINT_URL": proxy.url, "REGISTRY_S3_PART_SIZE": "5MiB",
+        "REGISTRY_S3_CONCURRENCY": "2"})
+    store = open_store(f"s3://{s3_bucket}/team", settings)
+    data = os.urandom(12 * MiB + 123)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    store.put_file("blobs/sha256/big", src)
+    parts = [r for r in proxy.blob_requests(b"PUT") if b"partNumber=" in r]
+    assert len(parts) == 3, proxy.requests  # 5 + 5 + 2 MiB
+    proxy.requests.clear()
+    digest = store.get_to_file("blobs/sha256/big", tmp_path / "dl")
+    gets = proxy.blob_requests(b"GET")
+    assert len(gets) == 3, proxy.requests  # three ranged GETs
+    assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert (tmp_path / "dl").read_bytes() == data

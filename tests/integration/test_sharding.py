@@ -103,33 +103,31 @@ def test_gc_and_rebuild_with_shards_shared_between_versions(reg: Registry) -> No
 
 
 @pytest.mark.s3
-def test_s3_dedup_sends_one_put_for_the_changed_shard(moto_server, s3_endpoint: str,  # type: ignore[no-untyped-def]
-                                                      s3_store_url: str, tmp_path: Path,
+def test_s3_dedup_sends_one_put_for_the_changed_shard(cutting_proxy: CuttingProxy,
+                                                      s3_endpoint: str, s3_store_url: str,
+                                                      tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy = CuttingProxy(moto_server.url)
+    proxy = cutting_proxy
     monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", proxy.url)
-    try:
-        reg = Registry(home=tmp_path / "home", store=s3_store_url)
-        reg.push(block_lm(), "lm", shard_size=SHARD)
-        blob_puts = [r for r in proxy.requests if r.startswith(b"PUT ") and b"/blobs/" in r]
-        assert len(blob_puts) == 5
-        proxy.requests.clear()
-        v2 = reg.push(_fine_tune(block_lm()), "lm", shard_size=SHARD)
-        blob_puts = [r for r in proxy.requests if r.startswith(b"PUT ") and b"/blobs/" in r]
-        changed = _shard_of(v2.metadata, "layers.3.mlp.weight")
-        assert len(blob_puts) == 1 and changed[7:].encode() in blob_puts[0]
-        # A cold pull fetches every shard into the cache and verifies each.
-        puller = Registry(home=tmp_path / "puller", store=s3_store_url,
-                          catalog=f"sqlite:///{tmp_path / 'home' / 'registry.db'}")
-        assert_same_state(puller.pull_state_dict("lm:v2", device="cpu"),
-                          _fine_tune(block_lm()).state_dict())
-        cached = tmp_path / "puller" / "cache" / "blobs" / "sha256"
-        assert {p.name for p in cached.iterdir()} == {
-            f["digest"][7:] for f in v2.metadata["files"]}
-        reg.close()
-        puller.close()
-    finally:
-        proxy.close()
+    reg = Registry(home=tmp_path / "home", store=s3_store_url)
+    reg.push(block_lm(), "lm", shard_size=SHARD)
+    blob_puts = proxy.blob_requests(b"PUT")
+    assert len(blob_puts) == 5
+    proxy.requests.clear()
+    v2 = reg.push(_fine_tune(block_lm()), "lm", shard_size=SHARD)
+    blob_puts = proxy.blob_requests(b"PUT")
+    changed = _shard_of(v2.metadata, "layers.3.mlp.weight")
+    assert len(blob_puts) == 1 and changed[7:].encode() in blob_puts[0]
+    # A cold pull fetches every shard into the cache and verifies each.
+    puller = Registry(home=tmp_path / "puller", store=s3_store_url,
+                      catalog=f"sqlite:///{tmp_path / 'home' / 'registry.db'}")
+    assert_same_state(puller.pull_state_dict("lm:v2", device="cpu"),
+                      _fine_tune(block_lm()).state_dict())
+    cached = tmp_path / "puller" / "cache" / "blobs" / "sha256"
+    assert {p.name for p in cached.iterdir()} == {
+        f["digest"][7:] for f in v2.metadata["files"]}
+    reg.close()
+    puller.close()
 
 
 # -- Hugging Face style directories -----------------------------------------------------------

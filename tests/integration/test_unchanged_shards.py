@@ -163,36 +163,34 @@ def test_a_re_push_does_not_hash_the_reused_blobs_again(reg: Registry,
 
 
 @pytest.mark.s3
-def test_s3_compares_against_the_verified_cache_only(moto_server, s3_endpoint: str,  # type: ignore[no-untyped-def]
-                                                     s3_store_url: str, tmp_path: Path,
+def test_s3_compares_against_the_verified_cache_only(cutting_proxy: CuttingProxy,
+                                                     s3_endpoint: str, s3_store_url: str,
+                                                     tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy = CuttingProxy(moto_server.url)
+    proxy = cutting_proxy
     monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", proxy.url)
-    try:
-        reg = Registry(home=tmp_path / "home", store=s3_store_url)
-        reg.push(block_lm(), "lm", shard_size=SHARD)
-        written = _count_writes(monkeypatch)
-        # Nothing of v1 is in the cache yet: every shard is written, none is downloaded.
-        proxy.requests.clear()
-        reg.push(block_lm(), "lm", shard_size=SHARD)
-        assert len(written) == 5
-        assert not [r for r in proxy.requests if r.startswith(b"GET ") and b"/blobs/" in r]
-        # Once pulled, the cache holds verified copies: a fine-tune writes its changed shard.
-        reg.pull_state_dict("lm", device="cpu")
-        written.clear()
-        proxy.requests.clear()
-        v3 = reg.push(_fine_tune(block_lm()), "lm", shard_size=SHARD)
-        assert len(written) == 1
-        puts = [r for r in proxy.requests if r.startswith(b"PUT ") and b"/blobs/" in r]
-        assert len(puts) == 1 and v3.metadata["push"]["shards_uploaded"] == 1
-        puller = Registry(home=tmp_path / "puller", store=s3_store_url,
-                          catalog=f"sqlite:///{tmp_path / 'home' / 'registry.db'}")
-        assert_same_state(puller.pull_state_dict("lm:v3", device="cpu"),
-                          _fine_tune(block_lm()).state_dict())
-        reg.close()
-        puller.close()
-    finally:
-        proxy.close()
+    reg = Registry(home=tmp_path / "home", store=s3_store_url)
+    reg.push(block_lm(), "lm", shard_size=SHARD)
+    written = _count_writes(monkeypatch)
+    # Nothing of v1 is in the cache yet: every shard is written, none is downloaded.
+    proxy.requests.clear()
+    reg.push(block_lm(), "lm", shard_size=SHARD)
+    assert len(written) == 5
+    assert not proxy.blob_requests(b"GET")
+    # Once pulled, the cache holds verified copies: a fine-tune writes its changed shard.
+    reg.pull_state_dict("lm", device="cpu")
+    written.clear()
+    proxy.requests.clear()
+    v3 = reg.push(_fine_tune(block_lm()), "lm", shard_size=SHARD)
+    assert len(written) == 1
+    puts = proxy.blob_requests(b"PUT")
+    assert len(puts) == 1 and v3.metadata["push"]["shards_uploaded"] == 1
+    puller = Registry(home=tmp_path / "puller", store=s3_store_url,
+                      catalog=f"sqlite:///{tmp_path / 'home' / 'registry.db'}")
+    assert_same_state(puller.pull_state_dict("lm:v3", device="cpu"),
+                      _fine_tune(block_lm()).state_dict())
+    reg.close()
+    puller.close()
 
 
 def test_a_server_client_compares_against_its_cache(tmp_path: Path,
