@@ -3,7 +3,7 @@
 A pull to the CPU hands back tensors that are views of the shard files' memory maps: nothing is
 read until the module is used, and then every 64 KiB the first touch takes a page fault (with
 the page cache warm, the faults of a 200 MB model cost about as much as reading its bytes). As
-soon as a shard is loaded, daemon threads (``REGISTRY_PREFAULT_THREADS``, default 2) ask the
+soon as a shard is loaded, worker threads (``REGISTRY_PREFAULT_THREADS``, default 2) ask the
 kernel to map all of it (``madvise(MADV_POPULATE_READ)``, Linux 5.14+) in 32 MiB chunks taken
 in file order, while the pull finishes and the caller starts using the module: the kernel works
 on another core, the first touch finds the pages mapped, and with a cold page cache the threads
@@ -13,13 +13,15 @@ with one thread, 0.60 s with two; torch.load(mmap) took 0.69 s in the same run).
 No byte is copied: the pages are the page cache's, the ones the touch maps anyway, so peak RSS
 is unchanged. It is an optimisation and nothing more: where the call is missing (another
 kernel or OS) or fails, nothing happens (logged at debug level), and a pull never waits for it.
-The thread holds the tensors until it is done, so the map cannot go away under it.
+A job holds the tensors until it is done, so the map cannot go away under it.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
+import queue
 import sys
 import threading
 from collections.abc import Iterable
@@ -28,13 +30,6 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
-
-# Threads still mapping pages. At exit they stop after their current chunk and are joined: a
-# daemon thread frozen while it holds tensors aborts the interpreter as torch shuts down.
-_live: set[threading.Thread] = set()
-_stopping = threading.Event()
-_lock = threading.Lock()
-_registered = False
 
 MADV_POPULATE_READ = 22  # linux/mman.h
 PAGE = 4096
@@ -72,38 +67,93 @@ def chunks(spans: Iterable[tuple[int, int]], size: int) -> list[tuple[int, int]]
             for start, length in spans for off in range(0, length, size)]
 
 
-def start(tensors: Iterable[torch.Tensor], threads: int = 1,
-          chunk: int = 32 * 2**20) -> list[threading.Thread]:
-    """Start mapping the pages of the CPU ``tensors`` in file order on ``threads`` threads
-    (thread ``k`` takes chunks ``k, k + threads, ...``); no thread where unsupported."""
-    if not sys.platform.startswith("linux") or threads < 1:
-        return []
-    held = [t for t in tensors if t.device.type == "cpu" and t.numel()]
-    pieces = chunks(runs((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
-                         for t in held), chunk)
-    out = [threading.Thread(target=_populate, args=(pieces[k::threads], list(held)),
-                            daemon=True, name=f"registry-prefault-{k}")
-           for k in range(min(threads, len(pieces)))]
+class Job:
+    """One worker's share of a prefault: its chunks, and the tensors that keep them mapped."""
+
+    def __init__(self, spans: list[tuple[int, int]], held: list[torch.Tensor]) -> None:
+        self.spans = spans
+        self.held = held
+        self._done = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the job is over (done, skipped or failed)."""
+        return self._done.wait(timeout)
+
+    def run(self) -> None:
+        try:
+            _populate(self.spans)
+        finally:
+            self.held.clear()  # the map may go away now
+            self._done.set()
+
+
+# Worker threads live for the process: starting a thread costs ~0.4 ms here (the caller waits
+# for it to run), more than the rest of a small model's pull. Each takes jobs from its own
+# queue. At exit they stop after their current chunk and are joined: a daemon thread frozen
+# while it holds tensors aborts the interpreter as torch shuts down.
+_workers: list[tuple[threading.Thread, queue.SimpleQueue[Job | None]]] = []
+_stopping = threading.Event()
+_lock = threading.Lock()
+_registered = False
+
+
+def _work(jobs: queue.SimpleQueue[Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        job.run()
+
+
+def _queues(count: int) -> list[queue.SimpleQueue[Job | None]]:
     global _registered
     with _lock:
         if not _registered:
             atexit.register(_stop_all)
+            os.register_at_fork(after_in_child=_forget_workers)
             _registered = True
-        _live.update(out)
-    for thread in out:
-        thread.start()
+        while len(_workers) < count:
+            jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+            thread = threading.Thread(target=_work, args=(jobs,), daemon=True,
+                                      name=f"registry-prefault-{len(_workers)}")
+            thread.start()
+            _workers.append((thread, jobs))
+        return [jobs for _, jobs in _workers[:count]]
+
+
+def start(tensors: Iterable[torch.Tensor], threads: int = 1,
+          chunk: int = 32 * 2**20) -> list[Job]:
+    """Start mapping the pages of the CPU ``tensors`` in file order on ``threads`` workers
+    (worker ``k`` takes chunks ``k, k + threads, ...``); no job where unsupported."""
+    if not sys.platform.startswith("linux") or threads < 1 or _stopping.is_set():
+        return []
+    held = [t for t in tensors if t.device.type == "cpu" and t.numel()]
+    pieces = chunks(runs((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                         for t in held), chunk)
+    count = min(threads, len(pieces))
+    if not count:
+        return []
+    out = [Job(pieces[k::threads], list(held)) for k in range(count)]
+    for jobs, job in zip(_queues(count), out, strict=True):
+        jobs.put(job)
     return out
 
 
 def _stop_all() -> None:
     _stopping.set()
     with _lock:
-        threads = list(_live)
-    for thread in threads:
+        workers = list(_workers)
+    for _, jobs in workers:
+        jobs.put(None)
+    for thread, _ in workers:
         thread.join()
 
 
-def _populate(spans: list[tuple[int, int]], held: list[torch.Tensor]) -> None:
+def _forget_workers() -> None:
+    # A forked child has none of its parent's threads: it starts its own when it needs them.
+    global _lock
+    _lock = threading.Lock()
+    _workers.clear()
+
+
+def _populate(spans: list[tuple[int, int]]) -> None:
     try:
         madvise = _libc_madvise()
         for start, length in spans:
@@ -116,7 +166,3 @@ def _populate(spans: list[tuple[int, int]], held: list[torch.Tensor]) -> None:
                 return
     except Exception as exc:  # noqa: BLE001 - an optimisation never breaks a pull
         log.debug("prefault skipped: %s", exc)
-    finally:
-        held.clear()
-        with _lock:
-            _live.discard(threading.current_thread())

@@ -30,11 +30,11 @@ def test_start_maps_a_loaded_file_and_changes_nothing(tmp_path: Path) -> None:
     tensors = {"a": torch.randn(300, 700), "b": torch.arange(10), "c": torch.randn(5)}
     save_file(tensors, str(path))
     loaded = load_file(str(path))
-    threads = prefault.start(loaded.values(), threads=3, chunk=64 * 1024)
-    assert len(threads) == 3
-    for thread in threads:
-        thread.join(timeout=30)
-        assert not thread.is_alive()
+    jobs = prefault.start(loaded.values(), threads=3, chunk=64 * 1024)
+    assert len(jobs) == 3
+    for job in jobs:
+        assert job.wait(timeout=30)
+        assert job.held == []  # the map is let go once the job is over
     for key, tensor in tensors.items():
         assert torch.equal(loaded[key], tensor)
 
@@ -64,4 +64,25 @@ def test_an_interpreter_exiting_mid_prefault_exits_cleanly(tmp_path: Path) -> No
             f"prefault.start(load_file({str(path)!r}).values(), threads=2, chunk=4096)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_forked_child_starts_workers_of_its_own(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.randn(512, 512)}, str(path))
+    code = (
+        "import os\nfrom safetensors.torch import load_file\nfrom registry import prefault\n"
+        f"t = load_file({str(path)!r})\n"
+        "assert all(j.wait(30) for j in prefault.start(t.values(), threads=2, chunk=4096))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    jobs = prefault.start(t.values(), threads=2, chunk=4096)\n"
+        "    os._exit(0 if jobs and all(j.wait(30) for j in jobs) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "raise SystemExit(os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
