@@ -1,9 +1,11 @@
 """Stored tensors -> a state dict or a module on the requested device(s) and dtype, in one copy.
 
 The module is built with its parameters on the ``meta`` device (no memory, no random init) and
-filled with ``load_state_dict(assign=True)``, so the tensors read from the file *are* the
-module's weights. Each tensor is cast and moved in a single ``Tensor.to`` call; a tensor already
-on the right device with the right dtype is not copied at all (the file's memory map backs it).
+filled by assignment (``load_state_dict(assign=True)``, or the same assignments done directly
+where no module loads its own way: :func:`assign_plainly`), so the tensors read from the file
+*are* the module's weights. Each tensor is cast and moved in a single ``Tensor.to`` call; a
+tensor already on the right device with the right dtype is not copied at all (the file's memory
+map backs it).
 """
 
 from __future__ import annotations
@@ -304,10 +306,11 @@ def fill_module(
     buffer_device: Callable[[str], torch.device],
 ) -> nn.Module:
     """Assign ``state`` into ``module``, tie aliases again, place leftover buffers, eval()."""
-    try:
-        module.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise StateDictMismatchError(f"loading the weights failed: {exc}") from None
+    if not assign_plainly(module, state):
+        try:
+            module.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as exc:
+            raise StateDictMismatchError(f"loading the weights failed: {exc}") from None
     for alias, kept in tied.items():
         _tie(module, alias, kept)
     persistent = set(state)
@@ -329,6 +332,67 @@ def fill_module(
             f"parameters left without weights: {', '.join(leftover[:_MISMATCH_SHOWN])}"
         )
     return module.eval()
+
+
+def _plain_loading(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """``module``'s submodules by name (duplicates kept) when ``load_state_dict(assign=True)``
+    would do nothing but assign each entry, else None: no load hooks anywhere, no module that
+    loads its own way (``_load_from_state_dict``, extra state, ``load_state_dict`` itself), no
+    registration hooks, no swap-tensors mode."""
+    from torch.nn.modules import batchnorm
+    from torch.nn.modules import module as module_mod
+
+    hooks = [getattr(module_mod, name, None) for name in (
+        "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")]
+    if any(h is None or h for h in hooks) or type(module).load_state_dict \
+            is not nn.Module.load_state_dict \
+            or torch.__future__.get_swap_module_params_on_conversion():
+        return None
+    # _NormBase only adds num_batches_tracked when the state lacks it, and check_fits has
+    # made sure that every key the module has is in the state.
+    plain = (nn.Module._load_from_state_dict, batchnorm._NormBase._load_from_state_dict)
+    named = list(module.named_modules(remove_duplicate=False))
+    for _, sub in named:
+        kind = type(sub)
+        if kind._load_from_state_dict not in plain \
+                or kind.set_extra_state is not nn.Module.set_extra_state \
+                or kind.get_extra_state is not nn.Module.get_extra_state \
+                or sub._load_state_dict_pre_hooks or sub._load_state_dict_post_hooks:
+            return None
+    return named
+
+
+def assign_plainly(module: nn.Module, state: Mapping[str, torch.Tensor]) -> bool:
+    """Do what ``module.load_state_dict(state, strict=True, assign=True)`` does, without its
+    per-module filtering of the whole state (2.4 ms of a 200 MB pull's ~10 ms), where that
+    call would only assign (:func:`_plain_loading`); False, doing nothing, elsewhere.
+
+    The caller has checked (:func:`check_fits`) that ``state`` holds exactly the module's keys
+    with its shapes. Like ``load_state_dict``, a tensor replacing a parameter becomes a new
+    ``Parameter`` with the old one's ``requires_grad``; a buffer is the tensor itself."""
+    named = _plain_loading(module)
+    if named is None:
+        return False
+    owners = dict(named)
+    plan: list[tuple[dict[str, Any], str, Any]] = []
+    for key, value in state.items():
+        owner_name, _, attr = key.rpartition(".")
+        owner = owners.get(owner_name)
+        if owner is None or not isinstance(value, torch.Tensor):
+            return False
+        if owner._parameters.get(attr) is not None:
+            old = owner._parameters[attr]
+            if isinstance(old, nn.Parameter):
+                value = nn.Parameter(value, requires_grad=old.requires_grad)
+            plan.append((owner._parameters, attr, value))
+        elif owner._buffers.get(attr) is not None \
+                and attr not in owner._non_persistent_buffers_set:
+            plan.append((owner._buffers, attr, value))
+        else:
+            return False
+    for table, attr, value in plan:
+        table[attr] = value
+    return True
 
 
 def _tie(module: nn.Module, alias: str, kept: str) -> None:

@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from registry import StateDictMismatchError
-from registry.materialize import build_module, check_fits, empty_parameters
+from registry.materialize import (
+    assign_plainly,
+    build_module,
+    check_fits,
+    empty_parameters,
+    fill_module,
+)
 from tests.helpers import MLP
 
 
@@ -139,3 +145,102 @@ def test_init_functions_skip_meta_tensors_only_while_building() -> None:
         assert layer.weight.is_meta
     assert torch.nn.init.kaiming_uniform_ is original
     assert not torch.nn.Linear(4, 2).weight.is_meta
+
+
+# -- assigning the weights without load_state_dict's walk --------------------------------------
+
+def _weights_for(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v if not isinstance(v, torch.Tensor)  # extra state
+            else torch.randn_like(v.float()).to(v.dtype) if v.is_floating_point()
+            else v + 7 for k, v in model.state_dict().items()}
+
+
+def _frozen_mlp() -> nn.Module:
+    model = MLP()
+    model.fc1.bias.requires_grad_(False)
+    return model
+
+
+def test_plain_assignment_does_what_load_state_dict_assign_does() -> None:
+    torch.manual_seed(0)
+    state = _weights_for(MLP())
+    fast, slow = _frozen_mlp(), _frozen_mlp()
+    assert assign_plainly(fast, state)
+    slow.load_state_dict(state, strict=True, assign=True)
+    for a, b in ((fast, slow), (fast.bn, slow.bn), (fast.fc1, slow.fc1)):
+        assert list(a._parameters) == list(b._parameters)
+        assert list(a._buffers) == list(b._buffers)
+        assert a._non_persistent_buffers_set == b._non_persistent_buffers_set
+    for (name, p), (_, q) in zip(fast.named_parameters(), slow.named_parameters(), strict=True):
+        assert type(p) is type(q) is nn.Parameter, name
+        assert p.requires_grad == q.requires_grad, name
+        assert p.data_ptr() == q.data_ptr() == state[name].data_ptr(), "assigned, not copied"
+    for (name, b), (_, c) in zip(fast.named_buffers(), slow.named_buffers(), strict=True):
+        assert b is c or (name == "scale" and torch.equal(b, c)), name
+    assert not fast.fc1.bias.requires_grad and fast.fc1.weight.requires_grad
+
+
+class _OwnLoading(nn.Linear):
+    def _load_from_state_dict(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+
+
+class _ExtraState(nn.Linear):
+    def get_extra_state(self) -> object:
+        return {"calls": 1}
+
+    def set_extra_state(self, state: object) -> None:
+        self.extra = state
+
+
+def _with_pre_hook() -> nn.Module:
+    model = MLP()
+    model.fc2.register_load_state_dict_pre_hook(lambda *a, **k: None)
+    return model
+
+
+def _with_post_hook() -> nn.Module:
+    model = MLP()
+    model.register_load_state_dict_post_hook(lambda *a, **k: None)
+    return model
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Sequential(_OwnLoading(2, 2)),
+    lambda: nn.Sequential(_ExtraState(2, 2)),
+    _with_pre_hook,
+    _with_post_hook,
+], ids=["own _load_from_state_dict", "extra state", "pre-hook", "post-hook"])
+def test_anything_that_loads_its_own_way_is_left_to_load_state_dict(make) -> None:  # type: ignore[no-untyped-def]
+    model = make()
+    before = {k: v.data_ptr() for k, v in model.state_dict().items()
+              if isinstance(v, torch.Tensor)}
+    state = _weights_for(model)
+    assert not assign_plainly(model, state)
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor)} == before, "nothing was assigned"
+
+
+def test_a_parameter_registration_hook_is_left_to_load_state_dict() -> None:
+    calls: list[str] = []
+    handle = nn.modules.module.register_module_parameter_registration_hook(
+        lambda module, name, param: calls.append(name))
+    try:
+        model = nn.Linear(2, 2)
+        calls.clear()
+        assert not assign_plainly(model, _weights_for(model))
+        fill_module(model, _weights_for(model), {}, lambda _n: torch.device("cpu"))
+        assert sorted(calls) == ["bias", "weight"], "the hook saw the loaded weights"
+    finally:
+        handle.remove()
+
+
+def test_fill_module_runs_load_hooks_the_plain_path_would_skip() -> None:
+    seen: list[str] = []
+    model = MLP()
+    model.fc2.register_load_state_dict_pre_hook(
+        lambda _m, _state, prefix, *rest: seen.append(prefix))
+    state = _weights_for(model)
+    fill_module(model, state, {}, lambda _n: torch.device("cpu"))
+    assert seen == ["fc2."]
+    assert model.fc2.weight.data_ptr() == state["fc2.weight"].data_ptr()
