@@ -195,7 +195,8 @@ class _ExtraState(nn.Linear):
 
 def _with_pre_hook() -> nn.Module:
     model = MLP()
-    model.fc2.register_load_state_dict_pre_hook(lambda *a, **k: None)
+    # The private name: the public one arrived after the oldest torch we support.
+    model.fc2._register_load_state_dict_pre_hook(lambda *a, **k: None, with_module=True)
     return model
 
 
@@ -238,8 +239,8 @@ def test_a_parameter_registration_hook_is_left_to_load_state_dict() -> None:
 def test_fill_module_runs_load_hooks_the_plain_path_would_skip() -> None:
     seen: list[str] = []
     model = MLP()
-    model.fc2.register_load_state_dict_pre_hook(
-        lambda _m, _state, prefix, *rest: seen.append(prefix))
+    model.fc2._register_load_state_dict_pre_hook(
+        lambda _m, _state, prefix, *rest: seen.append(prefix), with_module=True)
     state = _weights_for(model)
     fill_module(model, state, {}, lambda _n: torch.device("cpu"))
     assert seen == ["fc2."]
