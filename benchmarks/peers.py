@@ -202,9 +202,10 @@ def small_pull(b: Any) -> list[Row]:
         f"Times: median of {runs} interleaved runs after 2 warm-ups; samples (s): pull "
         f"{t['pull'].spread()}, floor {t['floor'].spread()}. Peak RSS: VmHWM after writing 5 to "
         f"/proc/self/clear_refs, minus VmRSS before, in a fresh interpreter, median of "
-        f"{len(pulls)}. What remains of the fixed cost: building the module on meta and "
-        "load_state_dict(assign=True) (nn.Module's own Python), reading the shard, the catalog "
-        "resolve (two Core queries), check_fits and the verification memo.")
+        f"{len(pulls)}. What remains of the fixed cost, largest first: building the module on "
+        "meta (the model's own constructor: nn.Module's Python for each submodule), the "
+        "catalog resolve and manifest check, check_fits and tie detection, reading the shard's "
+        "header and making its tensors, assigning them, and the verification memo.")
     return [row]
 
 
