@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -311,8 +312,6 @@ def load_shard(
 # -- mapping a shard --------------------------------------------------------------------------
 
 CODE_DTYPES: dict[str, torch.dtype] = {code: dtype for dtype, code in DTYPE_CODES.items()}
-ITEM_SIZES: dict[torch.dtype, int] = {
-    dtype: torch.empty(0, dtype=dtype).element_size() for dtype in DTYPE_CODES}
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
 
 
@@ -327,57 +326,51 @@ def _mapped(path: Path, origin: str) -> Iterator[Mapping[str, Callable[[], torch
     match shapes, offsets that tile the data with no hole or overlap), so a crafted file can
     neither point outside the map nor alias another tensor. A file with a dtype this table
     lacks is read through ``safe_open``."""
-    try:
-        parsed = _parse_header(path)
-    except _UnknownDtype:
-        parsed = None
-    except (ValueError, OSError) as exc:
-        raise ManifestError(
-            f"{origin}: shard {path.name[:16]} is not a valid safetensors file ({exc}); the "
-            "store was tampered with: push the model again") from None
-    if parsed is None:
-        from safetensors.torch import safe_open
-
-        with safe_open(str(path), framework="pt", device="cpu") as fh:
-            yield {key: functools.partial(fh.get_tensor, key)
-                   for key in fh.keys()}  # noqa: SIM118 - safe_open is not iterable
-        return
-    entries, start, size = parsed
     with open(path, "rb") as fh:
+        try:
+            parsed = _parse_header(fh)
+        except (ValueError, OSError) as exc:
+            raise ManifestError(
+                f"{origin}: shard {path.name[:16]} is not a valid safetensors file ({exc}); the "
+                "store was tampered with: push the model again") from None
         # Private and writable, as torch maps a file: a tensor written in place copies its
         # pages and never changes the shard.
-        mapped = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mapped = None if parsed is None else mmap.mmap(
+            fh.fileno(), parsed[2], flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if parsed is None or mapped is None:
+        from safetensors.torch import safe_open
+
+        with safe_open(str(path), framework="pt", device="cpu") as st:
+            yield {key: functools.partial(st.get_tensor, key)
+                   for key in st.keys()}  # noqa: SIM118 - safe_open is not iterable
+        return
+    entries, start, _ = parsed
 
     def make(dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
         if begin == end:
             return torch.empty(shape, dtype=dtype)
         # A storage of its own bytes (as safetensors gives), so saving one tensor saves it
         # alone; the map lives as long as any tensor made from it.
-        return torch.frombuffer(mapped, dtype=dtype, count=(end - begin) // ITEM_SIZES[dtype],
+        return torch.frombuffer(mapped, dtype=dtype, count=(end - begin) // dtype.itemsize,
                                 offset=start + begin).view(shape)
 
     yield {key: functools.partial(make, dtype, shape, begin, end)
            for key, (dtype, shape, begin, end) in entries.items()}
 
 
-class _UnknownDtype(Exception):
-    pass
-
-
-def _parse_header(path: Path) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]],
-                                      int, int]:
-    """``({key: (dtype, shape, begin, end)}, data start, file size)`` of a safetensors file,
-    refused (``ValueError``) unless its offsets tile the data exactly."""
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(8)
-        if len(head) < 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER or 8 + length > size:
-            raise ValueError(f"header length {length} does not fit a {size}-byte file")
-        raw = fh.read(length)
+def _parse_header(fh: BinaryIO) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]],
+                                         int, int] | None:
+    """``({key: (dtype, shape, begin, end)}, data start, file size)`` of the safetensors file
+    open as ``fh``, refused (``ValueError``) unless its offsets tile the data exactly; None
+    where a dtype is outside :data:`CODE_DTYPES`."""
+    size = os.fstat(fh.fileno()).st_size
+    head = fh.read(8)
+    if len(head) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    (length,) = struct.unpack("<Q", head)
+    if length > MAX_HEADER or 8 + length > size:
+        raise ValueError(f"header length {length} does not fit a {size}-byte file")
+    raw = fh.read(length)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -397,11 +390,11 @@ def _parse_header(path: Path) -> tuple[dict[str, tuple[torch.dtype, list[int], i
             raise ValueError(f"tensor {key!r} has a malformed shape or offsets")
         dtype = CODE_DTYPES.get(code) if isinstance(code, str) else None
         if dtype is None:
-            raise _UnknownDtype(code)
+            return None
         numel = 1
         for d in shape:
             numel *= d
-        if numel * ITEM_SIZES[dtype] != end - begin:
+        if numel * dtype.itemsize != end - begin:
             raise ValueError(f"tensor {key!r}: {end - begin} bytes for {code} {shape}")
         entries[key] = (dtype, shape, begin, end)
     at = 0
