@@ -140,8 +140,9 @@ def _pull_overhead_note(b: Bench, overhead: float) -> str:
             "the module on `meta` (the model's own constructor; the largest part), the catalog "
             "resolve and manifest check, `check_fits` and tie detection, the verification memo "
             "and assigning the tensors (row 17 times each). Building under "
-            "`torch.device('meta')` instead was slower here (7.0 ms against 3.3 ms for row "
-            "17's model): its function mode intercepts every torch call of the constructor. "
+            "`torch.device('meta')` instead was slower (measured apart on 2026-11-24: 7.0 ms "
+            "against 3.3 ms for row 17's model): its function mode intercepts every torch call "
+            "of the constructor. "
             "The faster the floor reads on the day, the more that fixed cost weighs in the "
             "ratio.")
 
