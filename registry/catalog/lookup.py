@@ -5,13 +5,15 @@ model, and to the alias for ``name@alias``) and one for the aliases pointing at 
 transaction that takes no write lock. The ORM path it replaces ran four ORM queries in a
 write-locking transaction (about 2 ms of a 200 MB pull). A ref that does not resolve gives None,
 and the ORM path then raises the error that says why (deleted, no such alias, latest is ...):
-there is one place for those messages. Nothing is cached between calls, so a deleted version
-or a moved alias is seen by the very next resolve.
+there is one place for those messages. On SQLite the row found is kept while the file is
+unchanged (:mod:`registry.catalog.warm`), so a deleted version or a moved alias is still seen by
+the very next resolve.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, select
 
@@ -43,8 +45,29 @@ _ALIASES_OF = (select(_a.alias)
                .order_by(_a.alias))
 
 
-def resolve_ready(conn: Connection, ref: Ref) -> VersionRecord | None:
-    """The ready version ``ref`` names, or None when it names none."""
+@dataclass(frozen=True)
+class Found:
+    """The catalog's row for a ready version, as text: each record made from it parses its
+    own manifest and tags, so no caller can edit what another one is given."""
+
+    version: int
+    digest: str
+    size_bytes: int
+    manifest: str | None
+    tags: str
+    aliases: tuple[str, ...]
+
+    def record(self, name: str) -> VersionRecord:
+        return VersionRecord(
+            name=name, version=self.version, digest=self.digest, size_bytes=self.size_bytes,
+            manifest=json.loads(self.manifest) if self.manifest else {},
+            tags=json.loads(self.tags), aliases=list(self.aliases),
+            manifest_text=self.manifest,
+        )
+
+
+def find_ready(conn: Connection, ref: Ref) -> Found | None:
+    """The row of the ready version ``ref`` names, or None when it names none."""
     if ref.alias is not None:
         row = conn.execute(_BY_ALIAS, {"name": ref.name, "alias": ref.alias}).first()
     elif ref.digest is not None:
@@ -56,8 +79,5 @@ def resolve_ready(conn: Connection, ref: Ref) -> VersionRecord | None:
     if row is None:
         return None
     aliases = conn.execute(_ALIASES_OF, {"model_id": row.id, "version": row.version}).scalars()
-    return VersionRecord(
-        name=ref.name, version=row.version, digest=row.digest, size_bytes=row.size_bytes,
-        manifest=json.loads(row.manifest) if row.manifest else {},
-        tags=json.loads(row.tags), aliases=list(aliases),
-    )
+    return Found(version=row.version, digest=row.digest, size_bytes=row.size_bytes,
+                 manifest=row.manifest, tags=row.tags, aliases=tuple(aliases))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -17,3 +17,6 @@ class VersionRecord:
     manifest: dict[str, Any]
     tags: dict[str, str]
     aliases: list[str]
+    # The manifest's text as the catalog holds it, where the record was read from a catalog's
+    # row: the client checks each text once (client._checked) instead of on every pull.
+    manifest_text: str | None = field(default=None, compare=False, repr=False)

@@ -22,6 +22,7 @@ from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
 from .records import VersionRecord
+from .warm import WarmResolves
 
 _CLAIM_RETRIES = 5
 
@@ -49,8 +50,14 @@ class Catalog(MirrorStates):
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reader = self.engine.execution_options(**{READ_ONLY: True})
         self._checked = False
+        database = self.engine.url.database
+        self._warm = WarmResolves(database) if self.engine.url.get_backend_name() == "sqlite" \
+            and database and database != ":memory:" and not database.startswith("file:") \
+            else None
 
     def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
         self.engine.dispose()
 
     def _check_schema(self) -> None:
@@ -161,10 +168,16 @@ class Catalog(MirrorStates):
     # -- reads ----------------------------------------------------------------------------
 
     def resolve(self, ref: Ref) -> VersionRecord:
-        with self._snapshot() as conn:
-            found = lookup.resolve_ready(conn, ref)
+        warm = self._warm
+        stamp = warm.stamp() if warm is not None and self._checked else None
+        found = warm.get(ref, stamp) if warm is not None else None
+        if found is None:
+            with self._snapshot() as conn:
+                found = lookup.find_ready(conn, ref)
+            if found is not None and warm is not None:
+                warm.put(ref, stamp, found)
         if found is not None:
-            return found
+            return found.record(ref.name)
         with self._session() as s:  # it does not resolve: this path raises the right error
             model = self._model(s, ref.name, live=False)
             if ref.alias is not None:
