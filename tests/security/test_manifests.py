@@ -46,6 +46,24 @@ def test_files_pointed_at_another_models_blob_are_refused(reg: Registry) -> None
     assert reg.show("victim").digest == victim.digest
 
 
+def test_a_manifest_edited_after_warm_pulls_is_refused(reg: Registry) -> None:
+    """Pulls check each manifest text once and keep the catalog's row while it is unchanged;
+    neither lets an edit made after them through."""
+    victim = reg.push(trained_mlp(0), "victim")
+    other = reg.push(trained_mlp(1), "other")
+    for _ in range(3):
+        reg.pull_state_dict("victim", device="cpu")
+    manifest = _manifest(reg, "victim")
+    manifest["files"][0]["digest"] = manifest["digest"] = other.digest
+    _edit_catalog(reg, "victim", 1, manifest=json.dumps(manifest))
+    with pytest.raises(DigestMismatchError, match=f"recorded with digest {victim.digest}"):
+        reg.pull_state_dict("victim", device="cpu")
+    manifest["format_version"] = 99
+    _edit_catalog(reg, "victim", 1, manifest=json.dumps(manifest))
+    with pytest.raises(ManifestError, match="format_version 99"):
+        reg.pull_state_dict("victim", device="cpu")
+
+
 def test_a_manifest_that_lists_other_tensors_than_its_blob_is_refused(reg: Registry) -> None:
     reg.push(trained_mlp(), "m")
     original = _manifest(reg, "m")
