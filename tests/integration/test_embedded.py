@@ -236,6 +236,28 @@ def test_hot_pull_does_not_rehash(reg: Registry, monkeypatch) -> None:  # type: 
     assert calls == [], "push verified these bytes; pulls should trust the memo"
 
 
+def test_a_memo_removed_by_another_process_makes_the_next_pull_hash_again(
+        reg: Registry, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The memo a process holds in memory is worth no more than the file it was read from: a
+    memo another process removed (it found the blob corrupt) is not trusted from memory."""
+    reg.push(trained_mlp(), "m")
+    import registry.cache as cache
+
+    reg.pull_state_dict("m")  # the memo is now held in memory too
+    calls = []
+    real = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: calls.append(p) or real(p))
+    memos = list((reg.settings.home / "objects").rglob("verified/*"))
+    memos += list((reg.settings.home / "cache").rglob("verified/*"))
+    assert memos
+    for memo in memos:
+        memo.unlink()
+    reg.pull_state_dict("m")
+    assert len(calls) == 1, "the memo is gone: the blob must be hashed again"
+    reg.pull_state_dict("m")
+    assert len(calls) == 1, "hashed and remembered again"
+
+
 def test_gc_keeps_referenced_blobs(reg: Registry) -> None:
     a = reg.push({"w": torch.ones(3)}, "a")
     b = reg.push({"w": torch.zeros(3)}, "b")
