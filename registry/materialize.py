@@ -313,20 +313,33 @@ def fill_module(
             raise StateDictMismatchError(f"loading the weights failed: {exc}") from None
     for alias, kept in tied.items():
         _tie(module, alias, kept)
-    persistent = set(state)
-    for name, buf in list(module.named_buffers()):
-        if name in persistent:
-            continue
-        target = buffer_device(name)
-        if buf.is_meta:
-            raise StateDictMismatchError(
-                f"buffer {name!r} is on the meta device and not stored; build the model with "
-                "real buffers (e.g. pass model= constructed normally)"
-            )
-        if buf.device != target:
-            owner, _, attr = name.rpartition(".")
-            module.get_submodule(owner)._buffers[attr] = buf.to(target)
-    leftover = [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]
+    # One walk over the modules (a named_* walk each costs as much): buffers the state does not
+    # hold go to their device, and whatever is still on meta is named.
+    leftover: list[str] = []
+    seen: set[int] = set()
+    for owner_name, owner in module.named_modules():
+        prefix = f"{owner_name}." if owner_name else ""
+        for attr, param in owner._parameters.items():
+            if param is not None and param.is_meta and id(param) not in seen:
+                seen.add(id(param))
+                leftover.append(prefix + attr)
+        for attr, buf in list(owner._buffers.items()):
+            if buf is None or id(buf) in seen:
+                continue
+            seen.add(id(buf))
+            name = prefix + attr
+            if name in state:
+                if buf.is_meta:
+                    leftover.append(name)
+                continue
+            if buf.is_meta:
+                raise StateDictMismatchError(
+                    f"buffer {name!r} is on the meta device and not stored; build the model "
+                    "with real buffers (e.g. pass model= constructed normally)"
+                )
+            target = buffer_device(name)
+            if buf.device != target:
+                owner._buffers[attr] = buf.to(target)
     if leftover:
         raise StateDictMismatchError(
             f"parameters left without weights: {', '.join(leftover[:_MISMATCH_SHOWN])}"
