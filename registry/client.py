@@ -402,9 +402,10 @@ def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> Mo
 
 # Manifest texts that passed mf.validate in this process: a record parsed from one of them
 # holds the same manifest, so only the checks against the record itself run again (0.1 ms of a
-# small pull). Bounded; cleared when full.
+# small pull). Bounded in count and characters; cleared when full.
 _VALID_TEXTS: dict[str, None] = {}
 _MAX_VALID_TEXTS = 32
+_MAX_VALID_CHARS = 16_000_000
 
 
 def _checked(record: VersionRecord) -> VersionRecord:
@@ -415,7 +416,8 @@ def _checked(record: VersionRecord) -> VersionRecord:
     if text is None or text not in _VALID_TEXTS:
         mf.validate(record.manifest, origin=origin)
         if text is not None:
-            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS:
+            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS \
+                    or sum(map(len, _VALID_TEXTS)) + len(text) > _MAX_VALID_CHARS:
                 _VALID_TEXTS.clear()
             _VALID_TEXTS[text] = None
     manifest = record.manifest

@@ -24,8 +24,10 @@ from collections import OrderedDict
 from ..refs import Ref
 from .lookup import Found
 
-# Refs remembered per catalog; the oldest is dropped beyond this (a row is a manifest's text).
+# Refs remembered per catalog, and the characters of their manifests (a 10,000-tensor model's
+# is ~2 MB): the least recently used are dropped beyond either.
 MAX_REMEMBERED = 128
+MAX_REMEMBERED_CHARS = 32_000_000
 
 
 class WarmResolves:
@@ -37,6 +39,7 @@ class WarmResolves:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._rows: OrderedDict[Ref, tuple[tuple[int, int, int], Found]] = OrderedDict()
+        self._chars = 0
 
     def stamp(self) -> tuple[int, int, int] | None:
         """What a row read from now on is valid for: the file's device, inode and data
@@ -66,10 +69,18 @@ class WarmResolves:
         if stamp is None:
             return
         with self._lock:
+            self._drop(ref)
+            if len(found.manifest or "") > MAX_REMEMBERED_CHARS:
+                return  # kept, it would push out every other row
             self._rows[ref] = (stamp, found)
-            self._rows.move_to_end(ref)
-            while len(self._rows) > MAX_REMEMBERED:
-                self._rows.popitem(last=False)
+            self._chars += len(found.manifest or "")
+            while len(self._rows) > MAX_REMEMBERED or self._chars > MAX_REMEMBERED_CHARS:
+                self._drop(next(iter(self._rows)))
+
+    def _drop(self, ref: Ref) -> None:
+        kept = self._rows.pop(ref, None)
+        if kept is not None:
+            self._chars -= len(kept[1].manifest or "")
 
     def close(self) -> None:
         with self._lock:
@@ -77,6 +88,7 @@ class WarmResolves:
                 self._conn.close()
             self._conn = None
             self._rows.clear()
+            self._chars = 0
 
     def _watcher(self) -> sqlite3.Connection:
         # A connection is not carried across fork (SQLite forbids it): a child opens its own
@@ -86,4 +98,5 @@ class WarmResolves:
                                          check_same_thread=False)
             self._pid = os.getpid()
             self._rows.clear()
+            self._chars = 0
         return self._conn

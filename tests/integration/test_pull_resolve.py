@@ -15,6 +15,7 @@ import torch
 from sqlalchemy import event
 
 from registry import NotFoundError, Registry
+from registry.catalog import warm as warm_module
 from registry.catalog.lookup import Found
 from registry.catalog.warm import WarmResolves
 from registry.refs import parse
@@ -141,5 +142,35 @@ def test_a_catalog_file_replaced_by_another_is_read_again(tmp_path: Path) -> Non
         assert warm.get(ref, warm.stamp()) is None
         path.unlink()
         assert warm.stamp() is None, "a catalog that is gone gives no stamp to keep rows by"
+    finally:
+        warm.close()
+
+
+def test_warm_rows_are_bounded_by_count_and_by_characters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "catalog.db"
+    sqlite3.connect(path).close()
+    monkeypatch.setattr(warm_module, "MAX_REMEMBERED", 3)
+    monkeypatch.setattr(warm_module, "MAX_REMEMBERED_CHARS", 250)
+    warm = WarmResolves(str(path))
+    try:
+        stamp = warm.stamp()
+
+        def found(chars: int) -> Found:
+            return Found(version=1, digest="sha256:" + "0" * 64, size_bytes=1,
+                         manifest="x" * chars, tags="{}", aliases=())
+
+        refs = [parse(f"m:v{i}") for i in range(1, 6)]
+        for ref in refs[:4]:
+            warm.put(ref, stamp, found(10))
+        assert [warm.get(r, stamp) is not None for r in refs[:4]] == [False, True, True, True]
+        warm.get(refs[1], stamp)  # used last: kept over refs[2]
+        warm.put(refs[4], stamp, found(200))  # a fourth row: v3, used least recently, goes
+        assert [warm.get(r, stamp) is not None for r in refs] == [False, True, False, True, True]
+        warm.put(refs[0], stamp, found(300))  # over the limit alone: not kept, nothing goes
+        assert [warm.get(r, stamp) is not None for r in refs] == [False, True, False, True, True]
+        # The two used least go: one for the count, one for the 255 characters.
+        warm.put(refs[2], stamp, found(45))
+        assert [warm.get(r, stamp) is not None for r in refs] == [False, False, True, False, True]
     finally:
         warm.close()
