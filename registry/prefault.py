@@ -6,9 +6,9 @@ the page cache warm, the faults of a 200 MB model cost about as much as reading 
 soon as a shard is loaded, worker threads (``REGISTRY_PREFAULT_THREADS``, default 2) ask the
 kernel to map all of it (``madvise(MADV_POPULATE_READ)``, Linux 5.14+) in 32 MiB chunks taken
 in file order, while the pull finishes and the caller starts using the module: the kernel works
-on another core, the first touch finds the pages mapped, and with a cold page cache the threads
-keep two reads in flight ahead of it (measured here: a cold 806 MB pull 0.76 s without, 0.66 s
-with one thread, 0.60 s with two; torch.load(mmap) took 0.69 s in the same run).
+on another core, and the first touch finds the pages mapped. With a cold page cache one worker
+reads ahead of the touch (see ``SAMPLE``: two at different offsets broke up the kernel's
+readahead on one machine and helped on another; one helped on both).
 
 No byte is copied: the pages are the page cache's, the ones the touch maps anyway, so peak RSS
 is unchanged. It is an optimisation and nothing more: where the call is missing (another
@@ -59,6 +59,44 @@ def _libc_madvise() -> Any:
         fn.restype = ctypes.c_int
         _madvise = fn
     return _madvise
+
+
+# How many workers map a shard depends on its page cache. Warm, each maps pages on its own
+# core, and two beat one (row 1 of the benchmarks: 0.98x the floor against 1.06x). Cold, one
+# worker reading the file front to back leaves the kernel's readahead one stream; two at
+# different offsets broke it up (row 15, 806 MB: 0.79x and 0.88x torch.load(mmap) with one,
+# 1.08x and 1.09x with two). Warm means every page of a sample is in memory: 512 KiB ending
+# 2 MiB into the first chunk, past what reading the header brings in (10 us).
+SAMPLE = 512 * 2**10
+SAMPLE_END = 2 * 2**20
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore defines only bit 0 of each byte
+_mincore: Any = None
+
+
+def _warm(start: int, length: int) -> bool:
+    end = min(length, SAMPLE_END)
+    begin = max(0, end - SAMPLE) // PAGE * PAGE
+    return _resident(start + begin, end - begin)
+
+
+def _resident(start: int, length: int) -> bool:
+    """Whether every page of ``[start, start + length)`` (``start`` page-aligned) is in
+    memory, by ``mincore``; False where that cannot be told (then one worker reads)."""
+    global _mincore
+    import ctypes
+
+    try:
+        if _mincore is None:
+            fn = ctypes.CDLL(None, use_errno=True).mincore
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _mincore = fn
+        vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
+        if _mincore(start, length, vec) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return bytes(vec).translate(_LOW_BIT).count(0) == 0
 
 
 def chunks(spans: Iterable[tuple[int, int]], size: int) -> list[tuple[int, int]]:
@@ -127,6 +165,8 @@ def start(tensors: Iterable[torch.Tensor], threads: int = 1,
     held = [t for t in tensors if t.device.type == "cpu" and t.numel()]
     pieces = chunks(runs((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
                          for t in held), chunk)
+    if threads > 1 and pieces and not _warm(*pieces[0]):
+        threads = 1
     count = min(threads, len(pieces))
     if not count:
         return []

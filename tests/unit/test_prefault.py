@@ -3,6 +3,8 @@ that finish, weights unchanged."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,39 @@ def test_start_maps_a_loaded_file_and_changes_nothing(tmp_path: Path) -> None:
         assert job.held == []  # the map is let go once the job is over
     for key, tensor in tensors.items():
         assert torch.equal(loaded[key], tensor)
+
+
+def _mapped(path: Path) -> torch.Tensor:
+    """The file's bytes as a tensor on a private map, as a pull maps a shard (safetensors'
+    load_file would read them into the page cache first)."""
+    with open(path, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(mapped, dtype=torch.uint8)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise to evict")
+def test_a_file_out_of_the_page_cache_is_mapped_by_one_worker(tmp_path: Path) -> None:
+    """Cold, one worker reads front to back (the kernel's readahead sees one stream); warm,
+    the workers asked for share the mapping."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(os.urandom(16 * 2**20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # clean pages can be evicted
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    cold = _mapped(path)
+    jobs = prefault.start([cold], threads=2, chunk=2**20)
+    assert len(jobs) == 1
+    assert all(job.wait(timeout=30) for job in jobs)
+    warm = _mapped(path)
+    jobs = prefault.start([warm], threads=2, chunk=2**20)
+    assert len(jobs) == 2, "the first job read every page in: the file is warm now"
+    assert all(job.wait(timeout=30) for job in jobs)
+    assert torch.equal(cold, warm)
+    assert cold.numpy().tobytes() == path.read_bytes()
 
 
 def test_no_thread_for_nothing_to_map() -> None:
