@@ -28,13 +28,17 @@ def _reset_peak() -> None:
 
 def resolve(options: dict[str, Any]) -> dict[str, float]:
     """Median seconds of ``Registry.show`` per ref, refs taken round-robin (so background work
-    such as autovacuum hits every ref alike), after one warm-up call each."""
+    such as autovacuum hits every ref alike), after one warm-up call each. ``queried``: every
+    call runs the catalog's queries, as the first resolve after a commit does (an SQLite
+    catalog otherwise answers an unchanged ref without them, registry/catalog/warm.py)."""
     import statistics
     import time
 
     import registry
 
     reg = registry.Registry(home=options["home"], catalog=options["catalog"])
+    if options.get("queried"):
+        reg.backend.catalog._warm = None  # type: ignore[attr-defined]
     refs = options["refs"]
     samples: dict[str, list[float]] = {ref: [] for ref in refs}
     try:
