@@ -96,6 +96,44 @@ def matching(keys: Sequence[str], head: bytes, size: int, tensors: Mapping[str, 
     return None
 
 
+# Bytes of each tensor a first look compares (see may_match).
+_LOOK = 4096
+
+
+def may_match(keys: Sequence[str], head: bytes, size: int, tensors: Mapping[str, torch.Tensor],
+              order: Sequence[str], known: Mapping[tuple[str, ...], Sequence[KnownShard]]
+              ) -> bool:
+    """Whether a known shard may hold these bytes, from the header and the first 4 KiB of each
+    tensor: False is certain (the shard will be written), True is only a maybe that
+    :func:`matching` settles. A push starts the shards that will be written first: writing and
+    hashing are its long jobs, and one left for last runs alone on one core (a fine-tune's
+    changed head is the last shard of its model)."""
+    for candidate in known.get(tuple(sorted(keys)), ()):
+        if candidate.file.size == size and _same_start(candidate, head, tensors, order):
+            return True
+    return False
+
+
+def _same_start(candidate: KnownShard, head: bytes, tensors: Mapping[str, torch.Tensor],
+                order: Sequence[str]) -> bool:
+    try:
+        with open(candidate.path, "rb", buffering=0) as fh:
+            fd = fh.fileno()
+            if os.pread(fd, len(head), 0) != head:
+                return False
+            at = len(head)
+            for key in order:
+                tensor = tensors[key]
+                total = tensor.numel() * tensor.element_size()
+                n = min(_LOOK, total)
+                if n and os.pread(fd, n, at) != ctypes.string_at(tensor.data_ptr(), n):
+                    return False
+                at += total
+            return True
+    except OSError:
+        return False
+
+
 def _same_bytes(candidate: KnownShard, head: bytes, size: int,
                 tensors: Mapping[str, torch.Tensor], order: Sequence[str]) -> bool:
     """Whether the open copy holds these bytes, and is the verified file before and after it

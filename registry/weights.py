@@ -56,7 +56,7 @@ from .digests import HashingWriter
 from .errors import ManifestError, NormalizationError
 from .files import StagedFile, VersionFile, shard_name
 from .staging import Staging, Stagings
-from .unchanged import KnownShard, matching
+from .unchanged import KnownShard, matching, may_match
 
 ALIGNMENT = 64
 
@@ -237,13 +237,24 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
     try:
         if len(plan) == 1:
             return [write(0)]
+        # Shards that will certainly be written go first (unchanged.may_match).
+        first = sorted(range(len(plan)), key=lambda i: bool(by_keys) and _may_match(
+            plan[i], {k: tensors[k] for k in plan[i]}, by_keys))
         with ThreadPoolExecutor(max_workers=min(len(plan), os.cpu_count() or 1, 8),
                                 thread_name_prefix="registry-write") as pool:
-            return list(pool.map(write, range(len(plan))))
+            done = dict(zip(first, pool.map(write, first), strict=True))
+        return [done[i] for i in range(len(plan))]
     except BaseException:
         for path in paths:
             path.unlink(missing_ok=True)
         raise
+
+
+def _may_match(keys: list[str], part: dict[str, torch.Tensor],
+               by_keys: Mapping[tuple[str, ...], Sequence[KnownShard]]) -> bool:
+    order, head = safetensors_header(part)
+    return may_match(keys, head, len(head) + sum(nbytes(t) for t in part.values()), part, order,
+                     by_keys)
 
 
 # -- the reader -------------------------------------------------------------------------------

@@ -224,3 +224,63 @@ def test_a_server_client_compares_against_its_cache(tmp_path: Path,
         assert_same_state(other.pull_state_dict("lm:v2", device="cpu"), tuned.state_dict())
         client.close()
         other.close()
+
+
+def test_a_shard_a_first_look_shows_changed_is_written_before_the_others_are_compared(
+        reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing and hashing are a push's long jobs: the changed last shard starts first rather
+    than alone after every comparison; the version lists its shards in order all the same."""
+    v1 = reg.push(block_lm(), "lm", shard_size=SHARD)
+    events: list[str] = []
+    real_write, real_matching = weights.write_safetensors, weights.matching
+
+    def write(tensors: Any, path: Any, *args: Any, **kwargs: Any) -> tuple[str, int]:
+        events.append("write")
+        return real_write(tensors, path, *args, **kwargs)
+
+    def matching(*args: Any, **kwargs: Any) -> Any:
+        events.append("compare")
+        return real_matching(*args, **kwargs)
+
+    monkeypatch.setattr(weights, "write_safetensors", write)
+    monkeypatch.setattr(weights, "matching", matching)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one writer: the order is the schedule
+    tuned = _fine_tune(block_lm())
+    v2 = reg.push(tuned, "lm", shard_size=SHARD)
+    assert events[:2] == ["compare", "write"], events
+    assert events.count("write") == 1
+    # Listed in the model's order: only the last shard (the changed block's) is new.
+    assert _digests(v2)[:-1] == _digests(v1)[:-1]
+    assert _digests(v2)[-1] != _digests(v1)[-1]
+    assert_same_state(reg.pull_state_dict("lm:v2"), tuned.state_dict())
+
+
+def test_a_first_look_is_certain_only_when_it_says_no(tmp_path: Path) -> None:
+    from registry.cache import VerifiedFiles
+    from registry.files import VersionFile
+    from registry.unchanged import KnownShard, matching, may_match
+
+    part = {"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3)}
+    order, head = weights.safetensors_header(part)
+    path = tmp_path / "stored.safetensors"
+    digest, size = weights.write_safetensors(part, path)
+    memo = VerifiedFiles(tmp_path / "verified")
+    memo.remember(path, digest)
+    known = {("a", "b"): [KnownShard(VersionFile("weights", "model.safetensors", digest, size,
+                                                 ("a", "b")), path, memo)]}
+
+    def look(tensors: dict[str, torch.Tensor]) -> tuple[bool, bool]:
+        o, h = weights.safetensors_header(tensors)
+        n = len(h) + sum(t.numel() * t.element_size() for t in tensors.values())
+        return (may_match(["a", "b"], h, n, tensors, o, known),
+                matching(["a", "b"], h, n, tensors, o, known) is not None)
+
+    assert look(part) == (True, True)
+    early = {"a": part["a"].clone(), "b": part["b"]}
+    early["a"][0] = -1  # in the first 4 KiB
+    assert look(early) == (False, False)
+    late = {"a": part["a"].clone(), "b": part["b"]}
+    late["a"][-1] = -1  # past the first 4 KiB of "a": only the full comparison sees it
+    assert look(late) == (True, False)
+    other = {"a": part["a"], "b": torch.ones(3, dtype=torch.float64)}
+    assert look(other) == (False, False)
