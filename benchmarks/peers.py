@@ -148,9 +148,9 @@ def warm_and_cold(b: Any) -> list[Row]:
         row.ok = pull / peers[best_peer] <= (0.9 if cold else 1.0)
         row.notes.append("Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ".")
         row.notes.append(
-            f"The pull maps its pages on {b.reg.settings.prefault_threads} threads "
-            "(registry/prefault.py) on top of the kernel's readahead (this disk's window: "
-            f"{_read_ahead_kb()} KiB).")
+            f"The pull maps its pages on {b.reg.settings.prefault_threads} threads, one where "
+            "the shard is out of the page cache (registry/prefault.py), on top of the kernel's "
+            f"readahead (this disk's window: {_read_ahead_kb()} KiB).")
         if cold:
             row.notes.append("Before every sample: `sync; echo 1 > /proc/sys/vm/drop_caches`.")
         row.notes.extend(missing)
