@@ -19,6 +19,7 @@ A job holds the tensors until it is done, so the map cannot go away under it.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import queue
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 MADV_POPULATE_READ = 22  # linux/mman.h
 PAGE = 4096
-_madvise: Any = None
 
 
 def runs(spans: Iterable[tuple[int, int]], page: int = PAGE) -> list[tuple[int, int]]:
@@ -49,16 +49,15 @@ def runs(spans: Iterable[tuple[int, int]], page: int = PAGE) -> list[tuple[int, 
     return [(start - start % page, end - (start - start % page)) for start, end in merged]
 
 
-def _libc_madvise() -> Any:
-    global _madvise
-    if _madvise is None:
-        import ctypes
+@functools.cache
+def _libc(name: str, last_arg: Any) -> Any:
+    """libc's ``name(void *addr, size_t length, last_arg)``, returning an int and errno."""
+    import ctypes
 
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _madvise = fn
-    return _madvise
+    fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, last_arg]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 # How many workers map a shard depends on its page cache. Warm, each maps pages on its own
@@ -70,7 +69,6 @@ def _libc_madvise() -> Any:
 SAMPLE = 512 * 2**10
 SAMPLE_END = 2 * 2**20
 _LOW_BIT = bytes(i & 1 for i in range(256))  # mincore defines only bit 0 of each byte
-_mincore: Any = None
 
 
 def _warm(start: int, length: int) -> bool:
@@ -82,17 +80,11 @@ def _warm(start: int, length: int) -> bool:
 def _resident(start: int, length: int) -> bool:
     """Whether every page of ``[start, start + length)`` (``start`` page-aligned) is in
     memory, by ``mincore``; False where that cannot be told (then one worker reads)."""
-    global _mincore
     import ctypes
 
     try:
-        if _mincore is None:
-            fn = ctypes.CDLL(None, use_errno=True).mincore
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-            fn.restype = ctypes.c_int
-            _mincore = fn
         vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
-        if _mincore(start, length, vec) != 0:
+        if _libc("mincore", ctypes.c_void_p)(start, length, vec) != 0:
             return False
     except (OSError, AttributeError):
         return False
@@ -195,13 +187,13 @@ def _forget_workers() -> None:
 
 def _populate(spans: list[tuple[int, int]]) -> None:
     try:
-        madvise = _libc_madvise()
+        import ctypes
+
+        madvise = _libc("madvise", ctypes.c_int)
         for start, length in spans:
             if _stopping.is_set():
                 return
             if madvise(start, length, MADV_POPULATE_READ) != 0:
-                import ctypes
-
                 log.debug("prefault skipped: madvise failed with errno %d", ctypes.get_errno())
                 return
     except Exception as exc:  # noqa: BLE001 - an optimisation never breaks a pull
