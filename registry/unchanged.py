@@ -109,41 +109,25 @@ def may_match(keys: Sequence[str], head: bytes, size: int, tensors: Mapping[str,
     hashing are its long jobs, and one left for last runs alone on one core (a fine-tune's
     changed head is the last shard of its model)."""
     for candidate in known.get(tuple(sorted(keys)), ()):
-        if candidate.file.size == size and _same_start(candidate, head, tensors, order):
+        if candidate.file.size == size \
+                and _same_bytes(candidate, head, size, tensors, order, look=_LOOK):
             return True
     return False
 
 
-def _same_start(candidate: KnownShard, head: bytes, tensors: Mapping[str, torch.Tensor],
-                order: Sequence[str]) -> bool:
-    try:
-        with open(candidate.path, "rb", buffering=0) as fh:
-            fd = fh.fileno()
-            if os.pread(fd, len(head), 0) != head:
-                return False
-            at = len(head)
-            for key in order:
-                tensor = tensors[key]
-                total = tensor.numel() * tensor.element_size()
-                n = min(_LOOK, total)
-                if n and os.pread(fd, n, at) != ctypes.string_at(tensor.data_ptr(), n):
-                    return False
-                at += total
-            return True
-    except OSError:
-        return False
-
-
 def _same_bytes(candidate: KnownShard, head: bytes, size: int,
-                tensors: Mapping[str, torch.Tensor], order: Sequence[str]) -> bool:
+                tensors: Mapping[str, torch.Tensor], order: Sequence[str], *,
+                look: int | None = None) -> bool:
     """Whether the open copy holds these bytes, and is the verified file before and after it
     was read (any write to it changes its mtime and ctime; a file swapped in has another
-    inode), so the bytes compared are the bytes that hashed to its digest."""
+    inode), so the bytes compared are the bytes that hashed to its digest. With ``look``, only
+    the header and the first ``look`` bytes of each tensor are compared."""
     try:
         with open(candidate.path, "rb", buffering=0) as fh:
             if os.fstat(fh.fileno()).st_size != size or not candidate.intact(fh.fileno()):
                 return False
-            buf = bytearray(max(_CHUNK, len(head)))
+            chunk = _CHUNK if look is None else min(_CHUNK, look)
+            buf = bytearray(max(chunk, len(head)))
             view = memoryview(buf)
             address = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
             if not _read_exactly(fh, view[:len(head)]) or view[:len(head)] != head:
@@ -151,13 +135,16 @@ def _same_bytes(candidate: KnownShard, head: bytes, size: int,
             for key in order:
                 tensor = tensors[key]
                 total = tensor.numel() * tensor.element_size()
+                compared = total if look is None else min(look, total)
                 done = 0
-                while done < total:
-                    n = min(_CHUNK, total - done)
+                while done < compared:
+                    n = min(chunk, compared - done)
                     if not _read_exactly(fh, view[:n]) \
                             or _memcmp(address, tensor.data_ptr() + done, n) != 0:
                         return False
                     done += n
+                if compared < total:
+                    fh.seek(total - compared, os.SEEK_CUR)
             return candidate.intact(fh.fileno())
     except OSError:
         return False  # gone or unreadable: no match, the shard is written instead

@@ -218,13 +218,15 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
     by_keys: dict[tuple[str, ...], list[KnownShard]] = {}
     for shard in known:
         by_keys.setdefault(tuple(sorted(shard.file.tensors)), []).append(shard)
+    parts = [{k: tensors[k] for k in keys} for keys in plan]
+    # Where a stored shard may hold a part's bytes: its key order, header and size, to compare.
+    layouts = [_layout(part) for part in parts] if by_keys else []
 
     def write(i: int) -> StagedFile:
-        part = {k: tensors[k] for k in plan[i]}
+        part = parts[i]
         name = shard_name(i, len(plan))
         if by_keys:
-            order, head = safetensors_header(part)
-            size = len(head) + sum(nbytes(t) for t in part.values())
+            order, head, size = layouts[i]
             same = matching(plan[i], head, size, part, order, by_keys)
             if same is not None:
                 return StagedFile(paths[i], VersionFile("weights", name, same.file.digest, size,
@@ -238,8 +240,8 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
         if len(plan) == 1:
             return [write(0)]
         # Shards that will certainly be written go first (unchanged.may_match).
-        first = sorted(range(len(plan)), key=lambda i: bool(by_keys) and _may_match(
-            plan[i], {k: tensors[k] for k in plan[i]}, by_keys))
+        first = sorted(range(len(plan)), key=lambda i: bool(by_keys) and may_match(
+            plan[i], layouts[i][1], layouts[i][2], parts[i], layouts[i][0], by_keys))
         with ThreadPoolExecutor(max_workers=min(len(plan), os.cpu_count() or 1, 8),
                                 thread_name_prefix="registry-write") as pool:
             done = dict(zip(first, pool.map(write, first), strict=True))
@@ -250,11 +252,9 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
         raise
 
 
-def _may_match(keys: list[str], part: dict[str, torch.Tensor],
-               by_keys: Mapping[tuple[str, ...], Sequence[KnownShard]]) -> bool:
+def _layout(part: Mapping[str, torch.Tensor]) -> tuple[list[str], bytes, int]:
     order, head = safetensors_header(part)
-    return may_match(keys, head, len(head) + sum(nbytes(t) for t in part.values()), part, order,
-                     by_keys)
+    return order, head, len(head) + sum(nbytes(t) for t in part.values())
 
 
 # -- the reader -------------------------------------------------------------------------------
