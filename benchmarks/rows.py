@@ -537,13 +537,15 @@ def catalog_resolve(b: Bench) -> list[Row]:
     results: dict[str, dict[str, float]] = {}
     sqlite_url = f"sqlite:///{b.scratch('catalog.db')}"
     b.scratch("catalog.db").unlink(missing_ok=True)
-    results["SQLite"] = _resolve_times(b, sqlite_url, template)
-    warm = _resolve_times(b, sqlite_url, None)
+    _seeded(sqlite_url, template)
+    results["SQLite"] = _resolve_times(b, sqlite_url)
+    warm = _resolve_times(b, sqlite_url, queried=False)
     for suffix in ("", "-wal", "-shm", ".migrate-lock"):
         Path(str(b.scratch("catalog.db")) + suffix).unlink(missing_ok=True)
     try:
         with services.postgres_database() as pg_url:
-            results["PostgreSQL"] = _resolve_times(b, pg_url, template)
+            _seeded(pg_url, template)
+            results["PostgreSQL"] = _resolve_times(b, pg_url)
     except RuntimeError as exc:
         row.notes.append(f"PostgreSQL not measured: {exc}.")
     worst = {db: max(times.values()) for db, times in results.items()}
@@ -584,18 +586,16 @@ def catalog_resolve(b: Bench) -> list[Row]:
     return [row]
 
 
-def _resolve_times(b: Bench, url: str, template: dict[str, Any] | None) -> dict[str, float]:
-    """Per ref, the median seconds of a resolve that runs the catalog's queries; with
-    ``template`` None, of one that may skip them, on the catalog seeded before."""
-    if template is not None:
-        _seeded(url, template)
+def _resolve_times(b: Bench, url: str, *, queried: bool = True) -> dict[str, float]:
+    """Per ref, the median seconds of a resolve on the seeded catalog at ``url``: one that runs
+    the catalog's queries, or (``queried=False``) one that may skip them."""
     digest = f"sha256:{hashlib.sha256(b'1234').hexdigest()}"
     refs = ["catalog-bench", "catalog-bench:v5000", "catalog-bench@champion",
             f"catalog-bench@{digest}"]
     # In a fresh interpreter that has imported only the registry, as a CLI or server process
     # would: this benchmark's own process carries MLflow, moto's client and a large heap.
     medians = measure.probe("resolve", home=str(b.work / "catalog-home"), catalog=url,
-                            refs=refs, calls=200, queried=template is not None)
+                            refs=refs, calls=200, queried=queried)
     return {(ref if "@sha256" not in ref else "catalog-bench@sha256:…"): medians[ref]
             for ref in refs}
 

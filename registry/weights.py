@@ -222,6 +222,10 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
     # Where a stored shard may hold a part's bytes: its key order, header and size, to compare.
     layouts = [_layout(part) for part in parts] if by_keys else []
 
+    def might_match(i: int) -> bool:
+        order, head, size = layouts[i]
+        return may_match(plan[i], head, size, parts[i], order, by_keys)
+
     def write(i: int) -> StagedFile:
         part = parts[i]
         name = shard_name(i, len(plan))
@@ -240,8 +244,7 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
         if len(plan) == 1:
             return [write(0)]
         # Shards that will certainly be written go first (unchanged.may_match).
-        first = sorted(range(len(plan)), key=lambda i: bool(by_keys) and may_match(
-            plan[i], layouts[i][1], layouts[i][2], parts[i], layouts[i][0], by_keys))
+        first = sorted(range(len(plan)), key=lambda i: bool(by_keys) and might_match(i))
         with ThreadPoolExecutor(max_workers=min(len(plan), os.cpu_count() or 1, 8),
                                 thread_name_prefix="registry-write") as pool:
             done = dict(zip(first, pool.map(write, first), strict=True))

@@ -417,11 +417,9 @@ class Catalog(MirrorStates):
                 aliases: dict[int, list[str]] | None = None) -> VersionRecord:
         if aliases is None:
             aliases = self._aliases_by_version(s, model)
-        return VersionRecord(
-            name=model.name, version=row.version, digest=row.digest, size_bytes=row.size_bytes,
-            manifest=json.loads(row.manifest) if row.manifest else {},
-            tags=json.loads(row.tags), aliases=aliases.get(row.version, []),
-        )
+        return lookup.Found(version=row.version, digest=row.digest, size_bytes=row.size_bytes,
+                            manifest=row.manifest, tags=row.tags,
+                            aliases=tuple(aliases.get(row.version, ()))).record(model.name)
 
 
 def _taken_message(name: str, number: int, state: str, last: int) -> str:
