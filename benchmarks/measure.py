@@ -92,6 +92,35 @@ def touch_module(module: torch.nn.Module) -> float:
     return touch(module.state_dict().values())
 
 
+def huge_mapped(module: torch.nn.Module) -> float | None:
+    """The share of the file-backed memory under ``module``'s tensors that is mapped by 2 MiB
+    pages (``FilePmdMapped`` over ``Rss`` of the mappings holding them, from /proc/self/smaps),
+    read after a touch; None where smaps is missing or no tensor lies in a file mapping.
+
+    A warm mapped load costs a page fault per folio of the page cache: 64 KiB of small folios
+    per fault-around, 2 MiB per fault where the kernel holds the file in PMD-sized folios
+    (large folios on ext4 since Linux 6.16). Which the page cache holds depends on how the file
+    came in (written in large aligned writes, read ahead, or neither), so two loaders of the
+    same bytes can differ by that alone."""
+    import re
+
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    ptrs = sorted({t.data_ptr() for t in module.state_dict().values() if t.numel()})
+    rss = huge = 0
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+        head = block.split(None, 6)
+        low, high = (int(x, 16) for x in head[0].split("-"))
+        if len(head) < 6 or not head[5].startswith("/") or not any(low <= p < high for p in ptrs):
+            continue
+        fields = dict(re.findall(r"^(Rss|FilePmdMapped):\s+(\d+) kB", block, re.M))
+        rss += int(fields.get("Rss", 0))
+        huge += int(fields.get("FilePmdMapped", 0))
+    return huge / rss if rss else None
+
+
 def pin_malloc_threshold() -> str:
     """Fix glibc's mmap threshold at its default (128 KiB) so large tensors always get fresh
     pages, as in a new process. Left dynamic, the threshold rises after the first large free and

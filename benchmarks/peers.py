@@ -45,6 +45,31 @@ def _meta_module(size: model.Size) -> torch.nn.Module:
         return model.BenchModel(**model.kwargs(size))
 
 
+def torch_mmap_module(pt: Path, size: model.Size) -> torch.nn.Module:
+    """The module as ``torch.load(mmap=True)`` + ``load_state_dict(assign=True)`` builds it."""
+    m = _meta_module(size)
+    m.load_state_dict(torch.load(pt, mmap=True, weights_only=True, map_location="cpu"),
+                      assign=True)
+    return m
+
+
+def _huge_note(b: Any, prepare: Callable[[], Any] | None) -> str:
+    """How much of each mapped load's page cache maps by 2 MiB pages, after a touch."""
+    loads = {"the pull's shard": lambda: b.reg.pull(b.ref, device="cpu"),
+             "torch.load's file": lambda: torch_mmap_module(b.scratch("peers-state_dict.pt"),
+                                                            b.size)}
+    shown = []
+    for what, load in loads.items():
+        if prepare:
+            prepare()
+        module = load()
+        touch_module(module)
+        share = measure.huge_mapped(module)
+        shown.append(f"{what} {'unknown' if share is None else f'{share:.0%}'}")
+    return ("Mapped by 2 MiB pages after a sample (FilePmdMapped / Rss in /proc/self/smaps; "
+            "the rest costs a fault per 64 KiB): " + ", ".join(shown) + ".")
+
+
 def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
                net: torch.nn.Module) -> tuple[dict[str, Callable[[], Any]], list[str]]:
     """``{peer: load}`` for every peer installed here, and notes on those that are not."""
@@ -60,10 +85,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
     torch.save(net.state_dict(), pt)
 
     def torch_mmap() -> float:
-        m = _meta_module(size)
-        m.load_state_dict(torch.load(pt, mmap=True, weights_only=True, map_location="cpu"),
-                          assign=True)
-        return touch_module(m)
+        return touch_module(torch_mmap_module(pt, size))
 
     cases["torch.load(mmap) + assign"] = torch_mmap
     try:
@@ -151,6 +173,7 @@ def warm_and_cold(b: Any) -> list[Row]:
             f"The pull maps its pages on {b.reg.settings.prefault_threads} threads, one where "
             "the shard is out of the page cache (registry/prefault.py), on top of the kernel's "
             f"readahead (this disk's window: {_read_ahead_kb()} KiB).")
+        row.notes.append(_huge_note(b, prepare))
         if cold:
             row.notes.append("Before every sample: `sync; echo 1 > /proc/sys/vm/drop_caches`.")
         row.notes.extend(missing)

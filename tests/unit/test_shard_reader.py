@@ -4,6 +4,7 @@ header checked as safetensors checks it, anything else read through ``safe_open`
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -169,3 +170,29 @@ def test_a_header_that_is_not_json_or_a_file_too_short_is_refused(tmp_path: Path
     for path, says in ((garbage, "not JSON"), (short, "shorter than")):
         with pytest.raises(ManifestError, match=says):
             load_shard(path, {"a": F32x2}, _cpu, _stored, origin="m:v1")
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping holding ``address``, from /proc/self/smaps."""
+    text = Path("/proc/self/smaps").read_text()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+        low, high = (int(x, 16) for x in block.split(None, 1)[0].split("-"))
+        if low <= address < high:
+            return re.search(r"^VmFlags:(.*)$", block, re.M).group(1).split()  # type: ignore[union-attr]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux only: reads smaps")
+def test_a_shard_of_2_mib_or_more_is_mapped_asking_for_huge_pages(tmp_path: Path) -> None:
+    big = {"w": torch.randn(1024, 1024)}  # 4 MiB: the kernel may map it 2 MiB at a time
+    small = {"w": torch.randn(64, 64)}
+    write_safetensors(big, tmp_path / "big.safetensors")
+    write_safetensors(small, tmp_path / "small.safetensors")
+    loaded_big = _load(tmp_path / "big.safetensors", big)
+    loaded_small = _load(tmp_path / "small.safetensors", small)
+    assert "hg" in _vm_flags(loaded_big["w"].data_ptr()), "MADV_HUGEPAGE on a shard's map"
+    assert "hg" not in _vm_flags(loaded_small["w"].data_ptr()), "no advice under 2 MiB"
+    # Still a private map: a write copies its page and never reaches the shard.
+    loaded_big["w"][0, 0] = 7.0
+    assert torch.equal(load_file(str(tmp_path / "big.safetensors"))["w"], big["w"])
+    assert _load(tmp_path / "big.safetensors", big)["w"][0, 0] != 7.0
