@@ -111,8 +111,7 @@ def _stage_one(name: str, path: Path, staging: Path) -> StagedFile:
             raise _too_large(name, size)
         target = staging / f"file-{uuid.uuid4().hex}"
         try:
-            with open(path, "rb") as src, open(target, "wb") as fh:
-                out = HashingWriter(fh)
+            with open(path, "rb") as src, open(target, "wb") as fh, HashingWriter(fh) as out:
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)
                     if out.written > MAX_FILE_BYTES:  # grew while being read

@@ -63,29 +63,76 @@ def version_digest(shard_digests: Sequence[str]) -> str:
     return sha256_bytes(json.dumps(checked, separators=(",", ":")).encode())
 
 
+# Writes reach a file in whole blocks at block-aligned offsets. The kernel sizes the page cache's
+# folios by the writes that fill them: 8 MiB writes leave a file in 2 MiB folios (large folios
+# on ext4 since Linux 6.16, XFS, tmpfs), which a mapped pull then maps 2 MiB per page fault;
+# the 256 KiB pieces s3transfer hands over, or 1 MiB ones, left an 806 MB file whose warm map
+# cost 35-45 ms of faults instead of 0.5 ms here.
+BLOCK = 8 * 1024 * 1024
+
+
 class HashingWriter:
-    """A write-only, non-seekable file that hashes everything written through it.
+    """A write-only, non-seekable file that hashes everything written through it, and writes it
+    on in whole :data:`BLOCK`-sized pieces at aligned offsets; :meth:`close` writes the rest.
 
     Non-seekable on purpose: s3transfer then hands over downloaded parts in order, so the hash
-    runs alongside the download instead of in a second pass.
+    runs alongside the download instead of in a second pass. Use it as a context manager (or
+    call :meth:`close`): until then up to a block of what was written is held here.
     """
 
     def __init__(self, fh: Any) -> None:
         self._fh = fh
         self._sha = hashlib.sha256()
-        self.written = 0
+        self._held = bytearray()
+        self._start = fh.tell() % BLOCK if fh.seekable() else 0  # the first block ends early
+        self.written = 0  # bytes taken, held ones included
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:  # after a failure the file is thrown away: nothing to finish
+            self.close()
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
+        taken = len(view)
         self._sha.update(view)
+        if self._held or self._start:
+            room = BLOCK - self._start - len(self._held)
+            self._held += view[:room]
+            view = view[room:]
+            if len(self._held) < BLOCK - self._start:
+                self.written += taken
+                return taken
+            self._write_all(self._held)
+            self._held.clear()
+            self._start = 0
+        whole = len(view) - len(view) % BLOCK
+        if whole:
+            self._write_all(view[:whole])  # straight from the caller's memory: no copy
+        self._held += view[whole:]
+        self.written += taken
+        return taken
+
+    def close(self) -> None:
+        """Write what is held (the last, partial block)."""
+        if self._held:
+            self._write_all(self._held)
+            self._held.clear()
+
+    def _write_all(self, view: bytes | bytearray | memoryview) -> None:
+        view = memoryview(view)
         done = 0
         while done < len(view):  # an unbuffered file may take less than it was given
             done += self._fh.write(view[done:])
-        self.written += done
-        return done
 
     def seekable(self) -> bool:
         return False
 
     def digest(self) -> str:
+        """The sha256 of every byte written; only once they are all in the file."""
+        if self._held:
+            raise RuntimeError("HashingWriter.digest() before close(): "
+                               f"{len(self._held)} bytes are not in the file yet")
         return f"sha256:{self._sha.hexdigest()}"

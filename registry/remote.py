@@ -22,7 +22,7 @@ from ._progress import transfer
 from .backends import PushResult
 from .cache import BlobCache
 from .catalog.records import VersionRecord
-from .digests import check_digest
+from .digests import HashingWriter, check_digest
 from .errors import (
     CatalogUnavailableError,
     RefError,
@@ -205,16 +205,18 @@ class RemoteBackend:
     def blob_path(self, digest: str, size: int) -> Path:
         return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp))
 
-    def _download(self, digest: str, size: int, tmp: Path) -> None:
-        """Stream the blob into ``tmp``, resuming with a Range request if the stream breaks."""
+    def _download(self, digest: str, size: int, tmp: Path) -> str:
+        """Stream the blob into ``tmp``, resuming with a Range request if the stream breaks;
+        returns the sha256 of what was written, hashed as it arrived."""
         import httpx
 
         link = self._call("GET", f"/blobs/{digest}/link")
         url, direct = _target_url(self.url, link)
-        written = 0
-        with transfer(size, f"pull {digest[7:19]}") as progress, open(tmp, "wb") as fh:
+        with transfer(size, f"pull {digest[7:19]}") as progress, \
+                open(tmp, "wb", buffering=0) as fh:
+            out = HashingWriter(fh)
             for attempt in range(_DOWNLOAD_ATTEMPTS):
-                headers = {"Range": f"bytes={written}-"} if written else {}
+                headers = {"Range": f"bytes={out.written}-"} if out.written else {}
                 try:
                     client = (httpx.Client(timeout=self._timeout, transport=self._transport)
                               if direct else contextlib.nullcontext(self._client()))
@@ -226,21 +228,23 @@ class RemoteBackend:
                                     f"object store refused the download of {digest} "
                                     f"(HTTP {response.status_code})")
                             _raise_for_error(response, self.url)
-                        if written and response.status_code != 206:
+                        if out.written and response.status_code != 206:
+                            # The range was ignored: the whole blob comes again.
                             fh.seek(0)
                             fh.truncate()
-                            written = 0
+                            out = HashingWriter(fh)
                         for chunk in response.iter_bytes(_CHUNK):
-                            fh.write(chunk)
-                            written += len(chunk)
+                            out.write(chunk)
                             progress(len(chunk))
-                    return
+                    out.close()
+                    return out.digest()
                 except httpx.TransportError as exc:
                     if attempt == _DOWNLOAD_ATTEMPTS - 1:
                         raise StoreUnavailableError(
                             f"download of {digest} from {_host(url)} failed after "
                             f"{_DOWNLOAD_ATTEMPTS} attempts ({type(exc).__name__}); retry"
                         ) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- reads and changes ----------------------------------------------------------------
 

@@ -378,8 +378,7 @@ async def receive_blob(local: LocalBackend, digest: str, request: Request,
     fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
     tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            out = HashingWriter(fh)
+        with os.fdopen(fd, "wb", buffering=0) as fh, HashingWriter(fh) as out:
             async for chunk in request.stream():
                 out.write(chunk)
                 if out.written > limit:

@@ -94,8 +94,7 @@ class FileStore:
         source = self._path(key)
         if not source.exists():
             raise NotFoundError(f"object {key!r} not found in store {self.url}")
-        with open(source, "rb") as src, open(path, "wb") as dst:
-            out = HashingWriter(dst)
+        with open(source, "rb") as src, open(path, "wb") as dst, HashingWriter(dst) as out:
             while chunk := src.read(8 * 1024 * 1024):
                 out.write(chunk)
                 if progress:

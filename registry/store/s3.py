@@ -217,9 +217,9 @@ class S3Store:
 
         full = self._key(key)
         subscribers = [ProgressCallbackInvoker(progress)] if progress else None
-        with open(path, "wb") as fh, self._mapped_errors(key), \
-                create_transfer_manager(self.client, self._transfer_config()) as manager:
-            writer = HashingWriter(fh)
+        with open(path, "wb", buffering=0) as fh, self._mapped_errors(key), \
+                create_transfer_manager(self.client, self._transfer_config()) as manager, \
+                HashingWriter(fh) as writer:
             manager.download(self.bucket, full, writer, subscribers=subscribers).result()
         return writer.digest()
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from registry import manifest as mf
 from registry.cache import BlobCache
-from registry.digests import check_digest, sha256_file, version_digest
+from registry.digests import BLOCK, HashingWriter, check_digest, sha256_file, version_digest
 from registry.errors import RefError
 
 GOOD = "sha256:" + "ab" * 32
@@ -53,3 +55,64 @@ def test_version_digest_of_one_and_several_shards(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"x" * 10)
     assert sha256_file(path) == "sha256:" + hashlib.sha256(b"x" * 10).hexdigest()
+
+
+class _Recorded(io.FileIO):
+    """A real file that records the offset and length of every write it is given."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "wb")
+        self.writes: list[tuple[int, int]] = []
+
+    def write(self, data: object) -> int:  # type: ignore[override]
+        at = self.tell()
+        done = super().write(data)  # type: ignore[arg-type]
+        self.writes.append((at, done))
+        return done
+
+
+def test_a_hashing_writer_writes_whole_aligned_blocks_and_the_tail_at_close(
+        tmp_path: Path) -> None:
+    """Small and odd-sized pieces reach the file as 8 MiB writes at 8 MiB offsets (what makes
+    the kernel keep it in 2 MiB folios); big pieces go on without a copy; the bytes and the
+    digest are those given."""
+    data = os.urandom(3 * BLOCK + 12_345)
+    sizes = [7, 256 * 1024, 1, BLOCK + 5, 2 * 2**20, 3]
+    pieces, at = [], 0
+    for size in sizes:
+        pieces.append(data[at:at + size])
+        at += size
+    pieces.append(data[at:])
+    path = tmp_path / "out"
+    with _Recorded(path) as fh, HashingWriter(fh) as out:
+        for piece in pieces:
+            assert out.write(piece) == len(piece)
+        assert out.written == len(data)
+        assert path.stat().st_size == 3 * BLOCK, "the tail is held until close"
+        with pytest.raises(RuntimeError, match="before close"):
+            out.digest()  # a digest of bytes the file lacks would be a lie
+    assert path.read_bytes() == data
+    assert out.digest() == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert fh.writes[:3] == [(0, BLOCK), (BLOCK, BLOCK), (2 * BLOCK, BLOCK)]
+    assert fh.writes[3:] == [(3 * BLOCK, 12_345)]
+
+
+def test_a_hashing_writer_on_a_file_opened_mid_block_ends_its_first_write_at_the_boundary(
+        tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    data = os.urandom(2 * BLOCK)
+    with _Recorded(path) as fh:
+        fh.write(b"x" * 1000)
+        with HashingWriter(fh) as out:
+            out.write(data)
+    assert fh.writes == [(0, 1000), (1000, BLOCK - 1000), (BLOCK, BLOCK), (2 * BLOCK, 1000)]
+    assert path.read_bytes() == b"x" * 1000 + data
+
+
+def test_a_hashing_writer_left_by_an_error_writes_nothing_more(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    with pytest.raises(RuntimeError), open(path, "wb", buffering=0) as fh, \
+            HashingWriter(fh) as out:
+        out.write(b"held")
+        raise RuntimeError("the download broke")
+    assert path.read_bytes() == b""
