@@ -66,14 +66,19 @@ def version_digest(shard_digests: Sequence[str]) -> str:
 # Writes reach a file in whole blocks at block-aligned offsets. The kernel sizes the page cache's
 # folios by the writes that fill them: 8 MiB writes leave a file in 2 MiB folios (large folios
 # on ext4 since Linux 6.16, XFS, tmpfs), which a mapped pull then maps 2 MiB per page fault;
-# the 256 KiB pieces s3transfer hands over, or 1 MiB ones, left an 806 MB file whose warm map
-# cost 35-45 ms of faults instead of 0.5 ms here.
+# the 256 KiB pieces s3transfer hands over left a cached 202 MB shard with none (its warm pull
+# 16.1 ms against 9.8 ms in 2 MiB folios here).
 BLOCK = 8 * 1024 * 1024
 
 
 class HashingWriter:
     """A write-only, non-seekable file that hashes everything written through it, and writes it
     on in whole :data:`BLOCK`-sized pieces at aligned offsets; :meth:`close` writes the rest.
+
+    Nothing is copied to make the blocks: pieces are gathered and written with one ``writev``.
+    A ``bytes`` piece is held as it is (it cannot change); any other buffer is copied where a
+    part of it must wait for the next block, since its owner may reuse it. (An 8 MiB buffer per
+    writer cost 4 ms a 17 MiB shard in fresh pages, a tenth of a cold S3 pull of 6 shards.)
 
     Non-seekable on purpose: s3transfer then hands over downloaded parts in order, so the hash
     runs alongside the download instead of in a second pass. Use it as a context manager (or
@@ -83,8 +88,9 @@ class HashingWriter:
     def __init__(self, fh: Any) -> None:
         self._fh = fh
         self._sha = hashlib.sha256()
-        self._held = bytearray()
-        self._start = fh.tell() % BLOCK if fh.seekable() else 0  # the first block ends early
+        self._held: list[memoryview] = []
+        self._held_bytes = 0
+        self._block = BLOCK - (fh.tell() % BLOCK if fh.seekable() else 0)  # the first ends early
         self.written = 0  # bytes taken, held ones included
 
     def __enter__(self) -> HashingWriter:
@@ -98,20 +104,20 @@ class HashingWriter:
         view = memoryview(data).cast("B")
         taken = len(view)
         self._sha.update(view)
-        if self._held or self._start:
-            room = BLOCK - self._start - len(self._held)
-            self._held += view[:room]
-            view = view[room:]
-            if len(self._held) < BLOCK - self._start:
-                self.written += taken
-                return taken
-            self._write_all(self._held)
+        stable = isinstance(data, bytes)
+        while view:
+            if self._held_bytes + len(view) < self._block:
+                self._held.append(view if stable else memoryview(bytes(view)))
+                self._held_bytes += len(view)
+                break
+            take = self._block - self._held_bytes
+            if not self._held:  # whole blocks straight from the caller's memory
+                take += (len(view) - take) // BLOCK * BLOCK
+            self._write_all([*self._held, view[:take]])
             self._held.clear()
-            self._start = 0
-        whole = len(view) - len(view) % BLOCK
-        if whole:
-            self._write_all(view[:whole])  # straight from the caller's memory: no copy
-        self._held += view[whole:]
+            self._held_bytes = 0
+            self._block = BLOCK
+            view = view[take:]
         self.written += taken
         return taken
 
@@ -120,12 +126,19 @@ class HashingWriter:
         if self._held:
             self._write_all(self._held)
             self._held.clear()
+            self._held_bytes = 0
 
-    def _write_all(self, view: bytes | bytearray | memoryview) -> None:
-        view = memoryview(view)
-        done = 0
-        while done < len(view):  # an unbuffered file may take less than it was given
-            done += self._fh.write(view[done:])
+    def _write_all(self, views: list[memoryview]) -> None:
+        if hasattr(self._fh, "flush"):
+            self._fh.flush()  # a buffered file's own bytes go first
+        fd = self._fh.fileno()
+        while views:  # writev may take less than it was given
+            done = os.writev(fd, views)
+            while views and done >= len(views[0]):
+                done -= len(views[0])
+                views = views[1:]
+            if views and done:
+                views = [views[0][done:], *views[1:]]
 
     def seekable(self) -> bool:
         return False
@@ -134,5 +147,5 @@ class HashingWriter:
         """The sha256 of every byte written; only once they are all in the file."""
         if self._held:
             raise RuntimeError("HashingWriter.digest() before close(): "
-                               f"{len(self._held)} bytes are not in the file yet")
+                               f"{self._held_bytes} bytes are not in the file yet")
         return f"sha256:{self._sha.hexdigest()}"
