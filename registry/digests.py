@@ -132,13 +132,14 @@ class HashingWriter:
         if hasattr(self._fh, "flush"):
             self._fh.flush()  # a buffered file's own bytes go first
         fd = self._fh.fileno()
-        while views:  # writev may take less than it was given
-            done = os.writev(fd, views)
-            while views and done >= len(views[0]):
-                done -= len(views[0])
-                views = views[1:]
-            if views and done:
-                views = [views[0][done:], *views[1:]]
+        first = 0
+        while first < len(views):  # writev may take less than it was given
+            done = os.writev(fd, views[first:])
+            while first < len(views) and done >= len(views[first]):
+                done -= len(views[first])
+                first += 1
+            if done:
+                views[first] = views[first][done:]
 
     def seekable(self) -> bool:
         return False

@@ -373,6 +373,9 @@ def _mapped(path: Path, origin: str) -> Iterator[Mapping[str, Callable[[], torch
            for key, (dtype, shape, begin, end) in entries.items()}
 
 
+HUGE_PAGE = 2 * 2**20  # a PMD on x86-64 and 4 KiB-page arm64: smaller maps get no advice
+
+
 def _ask_for_huge_pages(mapped: mmap.mmap) -> None:
     """Ask the kernel to read the shard into 2 MiB folios and map them whole (``MADV_HUGEPAGE``).
 
@@ -387,9 +390,6 @@ def _ask_for_huge_pages(mapped: mmap.mmap) -> None:
     if advice is not None and len(mapped) >= HUGE_PAGE:
         with contextlib.suppress(OSError):
             mapped.madvise(advice)
-
-
-HUGE_PAGE = 2 * 2**20
 
 
 def _parse_header(fh: BinaryIO) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]],
