@@ -314,3 +314,30 @@ def test_module_metadata_and_key_order_survive_the_server(remote: registry.Regis
         assert torch.equal(pulled(x), model(x))
     finally:
         fresh.close()
+
+
+def test_a_download_cut_half_way_resumes_with_a_range_and_is_verified(
+        server: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """The client hashes a blob as it arrives; a stream cut half way resumes where it broke
+    (a Range request), and the digest of the two parts together is what the cache checks."""
+    from tests.integration.conftest import CuttingProxy
+
+    weights = {"w": torch.randn(2**20)}  # 4 MiB: the cut falls inside the first 8 MiB block
+    name = _name(request)
+    direct = registry.Registry(server.url)
+    mv = direct.push(weights, name)
+    direct.close()
+    proxy = CuttingProxy(server.url, keep=1_500_000)
+    monkeypatch.setenv("REGISTRY_HOME", str(tmp_path / "client"))  # an empty cache
+    reg = registry.Registry(proxy.url)
+    try:
+        proxy.cut_next = 2  # the link's GET and the blob's share one connection
+        pulled = reg.pull_state_dict(mv.ref)
+        assert torch.equal(pulled["w"], weights["w"])
+        gets = [r for r in proxy.blob_requests(b"GET") if not r.split()[1].endswith(b"/link")]
+        assert len(gets) == 2, f"one cut download and one resumed: {gets}"
+        assert proxy.cuts >= 1
+    finally:
+        reg.close()
+        proxy.close()
