@@ -108,7 +108,7 @@ def huge_mapped(module: torch.nn.Module) -> float | None:
         text = Path("/proc/self/smaps").read_text()
     except OSError:
         return None
-    ptrs = sorted({t.data_ptr() for t in module.state_dict().values() if t.numel()})
+    ptrs = {t.data_ptr() for t in module.state_dict().values() if t.numel()}
     rss = huge = 0
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
         head = block.split(None, 6)

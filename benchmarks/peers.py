@@ -25,6 +25,7 @@ from .measure import Case, interleaved, touch_module
 from .report import Row
 
 MB = 1e6
+TORCH_FILE = "peers-state_dict.pt"  # the state dict torch.load(mmap) maps, in the scratch dir
 
 
 def _s(seconds: float) -> str:
@@ -56,8 +57,7 @@ def torch_mmap_module(pt: Path, size: model.Size) -> torch.nn.Module:
 def _huge_note(b: Any, prepare: Callable[[], Any] | None) -> str:
     """How much of each mapped load's page cache maps by 2 MiB pages, after a touch."""
     loads = {"the pull's shard": lambda: b.reg.pull(b.ref, device="cpu"),
-             "torch.load's file": lambda: torch_mmap_module(b.scratch("peers-state_dict.pt"),
-                                                            b.size)}
+             "torch.load's file": lambda: torch_mmap_module(b.scratch(TORCH_FILE), b.size)}
     shown = []
     for what, load in loads.items():
         if prepare:
@@ -81,7 +81,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
     cases: dict[str, Callable[[], Any]] = {}
     missing: list[str] = []
 
-    pt = scratch("peers-state_dict.pt")
+    pt = scratch(TORCH_FILE)
     torch.save(net.state_dict(), pt)
 
     def torch_mmap() -> float:
