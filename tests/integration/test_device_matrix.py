@@ -25,7 +25,8 @@ from tests.helpers import (
 
 
 def test_gpu_checkpoint_fails_with_torch_and_pulls_with_the_registry(
-        reg: Registry, tmp_path: Path) -> None:
+        reg: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_devices(monkeypatch)  # a machine without a GPU, also where the tests have one
     model = trained_mlp()
     path = save_as_if_on(model.state_dict(), tmp_path / "trained_on_gpu.pth", "cuda:0")
     with pytest.raises(CUDA_LOAD_ERRORS, match="Attempting to deserialize object on a CUDA device"):
@@ -71,6 +72,7 @@ def test_cuda3_checkpoint_pulled_as_cpu(reg: Registry, tmp_path: Path) -> None:
 
 
 def test_named_missing_gpu_is_refused_with_what_exists(reg: Registry, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    fake_devices(monkeypatch)  # no CUDA, also where the tests have a GPU
     reg.push(trained_mlp(), "mlp", factory=MLP)
     with pytest.raises(DeviceUnavailableError, match="no CUDA device here; available: cpu"):
         reg.pull("mlp", device="cuda:0")
@@ -98,6 +100,7 @@ def test_named_missing_gpu_is_refused_with_what_exists(reg: Registry, monkeypatc
 def test_wrapped_models_round_trip_bit_exact(reg: Registry, wrap, wrapping) -> None:  # type: ignore[no-untyped-def]
     model = trained_mlp()
     mv = reg.push(wrap(model), "mlp", factory=MLP)
+    model.cpu()  # where CUDA exists, DataParallel moved it onto cuda:0
     assert mv.metadata["source"]["wrapping"] == wrapping
     pulled = reg.pull(mv.ref, device="cpu")
     assert_same_state(pulled.state_dict(), model.state_dict())
@@ -108,6 +111,7 @@ def test_wrapped_models_round_trip_bit_exact(reg: Registry, wrap, wrapping) -> N
 def test_fp16_model_auto_pulls_float32_on_cpu_with_exact_values(reg: Registry) -> None:
     model = trained_mlp().half()
     mv = reg.push(nn.DataParallel(model), "mlp", factory=MLP, precision="amp-fp16")
+    model.cpu()  # where CUDA exists, DataParallel moved it onto cuda:0
     assert mv.metadata["source"]["precision"] == "amp-fp16"
     assert mv.metadata["source"]["dtypes"] == {"float16": 8, "int64": 1}
     pulled = reg.pull("mlp", device="cpu")
@@ -188,7 +192,8 @@ def test_pickled_whole_model_is_refused(reg: Registry, tmp_path: Path) -> None:
     assert reg.list_models() == []
 
 
-def test_device_map_places_submodules_by_prefix(reg: Registry) -> None:
+def test_device_map_places_submodules_by_prefix(reg: Registry,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(1)
     model = Encoder().eval()
     reg.push(model, "enc", factory=Encoder)
@@ -197,6 +202,7 @@ def test_device_map_places_submodules_by_prefix(reg: Registry) -> None:
     assert torch.equal(pulled(x), model(x))
     with pytest.raises(DeviceUnavailableError, match="places no prefix of 'decoder.0.weight'"):
         reg.pull("enc", device_map={"encoder": "cpu"})
+    fake_devices(monkeypatch)  # no CUDA, also where the tests have a GPU
     with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
         reg.pull("enc", device_map={"encoder": "cuda:0", "": "cpu"})
 
@@ -228,14 +234,16 @@ def test_pulled_module_is_in_eval_mode_with_everything_on_the_device(reg: Regist
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_round_trip_onto_a_real_gpu(reg: Registry, dtype: torch.dtype) -> None:
     model = trained_mlp().to(dtype)
-    reg.push(nn.DataParallel(model), "mlp", factory=MLP)
+    mv = reg.push(nn.DataParallel(model), "mlp", factory=MLP)
+    # DataParallel moved the module onto its first device; the push recorded where it was.
+    assert mv.metadata["source"]["devices"] == ["cuda:0"]
     pulled = reg.pull("mlp", device="cuda")
     capability = torch.cuda.get_device_capability(0)
     expected = torch.float32 if dtype == torch.bfloat16 and capability < (8, 0) else dtype
     assert all(p.device.type == "cuda" for p in pulled.parameters())
     assert pulled.fc1.weight.dtype == expected
     assert pulled.bn.num_batches_tracked.dtype == torch.int64
-    assert torch.equal(pulled.fc1.weight.cpu(), model.fc1.weight.detach().to(expected))
+    assert torch.equal(pulled.fc1.weight.cpu(), model.fc1.weight.detach().cpu().to(expected))
 
 
 @pytest.mark.gpu

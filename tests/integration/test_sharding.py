@@ -251,6 +251,6 @@ def test_a_format_1_store_and_catalog_keep_working(tmp_path: Path) -> None:
     rebuilt = Registry(home=home)
     assert rebuilt._backend.rebuild() == 2  # type: ignore[attr-defined]
     assert rebuilt.show("legacy@production").version == 1
-    again = rebuilt.pull_state_dict("legacy:v1", dtype="float16")
+    again = rebuilt.pull_state_dict("legacy:v1", device="cpu", dtype="float16")
     assert torch.equal(again["norm.weight"], _legacy_state()["norm.weight"])  # type: ignore[arg-type]
     rebuilt.close()
