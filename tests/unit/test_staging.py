@@ -46,6 +46,15 @@ def test_every_byte_crosses_in_chunks_of_two_buffers(chunk: int) -> None:
     assert staging.bytes_copied == sum(t.numel() * t.element_size() for t in TENSORS.values())
 
 
+@pytest.mark.parametrize("count", [1, 3])
+def test_any_number_of_buffers_takes_turns(count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "BUFFERS", count)
+    staging = _cpu(64)
+    moved = staging.move((t, t.dtype) for t in TENSORS.values())
+    assert all(torch.equal(a, b) for a, b in zip(TENSORS.values(), moved, strict=True))
+    assert len(staging.buffers) == count
+
+
 def test_buffers_are_reused_across_shards_and_never_grow() -> None:
     staging = _cpu(64)
     first = [b.data.data_ptr() for b in staging.buffers]
