@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import re
 import socket
 import urllib.parse
 import uuid
@@ -236,7 +237,9 @@ _METHODS = {b"GET", b"PUT", b"POST", b"HEAD", b"DELETE"}
 class CuttingProxy:
     """A TCP proxy in front of an S3 endpoint that can cut blob downloads half way, as a flaky
     network or a dying server does. ``cut_next`` GETs of ``/blobs/`` keys get only the first
-    ``keep`` bytes of their response before the connection drops (-1: every GET)."""
+    ``keep`` bytes of their response before the connection drops (-1: every GET). With
+    ``drop_range`` it removes Range headers on the way, as a proxy that ignores them does: the
+    server then answers 200 with the whole blob."""
 
     def __init__(self, target: str, keep: int = 4096) -> None:
         import threading
@@ -246,6 +249,8 @@ class CuttingProxy:
         self.keep = keep
         self.cut_next = 0
         self.cuts = 0
+        self.drop_range = False
+        self.ranges: list[bytes] = []  # Range header values seen (dropped or not)
         self.requests: list[bytes] = []  # request lines seen, e.g. b"PUT /bucket/key HTTP/1.1"
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -312,6 +317,9 @@ class CuttingProxy:
                     self.requests.append(data.split(b"\r\n", 1)[0])
                 if self._should_cut(data):
                     state["cut"], state["sent"] = True, 0
+                self.ranges.extend(re.findall(rb"(?im)^range:\s*([^\r]*)\r$", data))
+                if self.drop_range:
+                    data = re.sub(rb"(?i)\r\nrange:[^\r]*", b"", data)
                 upstream.sendall(data)
 
 

@@ -338,6 +338,35 @@ def test_a_download_cut_half_way_resumes_with_a_range_and_is_verified(
         gets = [r for r in proxy.blob_requests(b"GET") if not r.split()[1].endswith(b"/link")]
         assert len(gets) == 2, f"one cut download and one resumed: {gets}"
         assert proxy.cuts >= 1
+        assert len(proxy.ranges) == 1 and proxy.ranges[0].startswith(b"bytes=")
+    finally:
+        reg.close()
+        proxy.close()
+
+
+def test_a_resume_answered_with_the_whole_blob_starts_the_file_and_hash_again(
+        server: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """A server or proxy may ignore a Range request and answer 200 with the whole blob: the
+    client must then start the file and its hash from the first byte, not append."""
+    from tests.integration.conftest import CuttingProxy
+
+    weights = {"w": torch.randn(2**20)}
+    name = _name(request)
+    direct = registry.Registry(server.url)
+    mv = direct.push(weights, name)
+    direct.close()
+    proxy = CuttingProxy(server.url, keep=1_500_000)
+    proxy.drop_range = True
+    monkeypatch.setenv("REGISTRY_HOME", str(tmp_path / "client"))
+    reg = registry.Registry(proxy.url)
+    try:
+        proxy.cut_next = 2
+        pulled = reg.pull_state_dict(mv.ref, device="cpu")
+        assert torch.equal(pulled["w"], weights["w"])
+        assert len(proxy.ranges) == 1, "the client asked to resume, and the range was dropped"
+        cached = list((tmp_path / "client" / "cache").rglob(mv.metadata["files"][0]["digest"][7:]))
+        assert [p.stat().st_size for p in cached] == [mv.metadata["files"][0]["size"]]
     finally:
         reg.close()
         proxy.close()
