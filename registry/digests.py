@@ -69,6 +69,12 @@ def version_digest(shard_digests: Sequence[str]) -> str:
 # the 256 KiB pieces s3transfer hands over left a cached 202 MB shard with none (its warm pull
 # 16.1 ms against 9.8 ms in 2 MiB folios here).
 BLOCK = 8 * 1024 * 1024
+# writev takes at most this many pieces (EINVAL beyond): a block of many small pieces (a shard
+# of thousands of small tensors, a request body read in small chunks) is joined before that.
+try:
+    IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, OSError, ValueError):
+    IOV_MAX = 1024
 
 
 class HashingWriter:
@@ -107,6 +113,8 @@ class HashingWriter:
         stable = isinstance(data, bytes)
         while view:
             if self._held_bytes + len(view) < self._block:
+                if len(self._held) >= IOV_MAX - 1:  # room for one more piece in the writev
+                    self._held = [memoryview(b"".join(self._held))]
                 self._held.append(view if stable else memoryview(bytes(view)))
                 self._held_bytes += len(view)
                 break

@@ -120,3 +120,26 @@ def test_a_hashing_writer_left_by_an_error_writes_nothing_more(tmp_path: Path) -
         out.write(b"held")
         raise RuntimeError("the download broke")
     assert path.read_bytes() == b""
+
+
+def test_a_hashing_writer_joins_many_small_pieces_before_writev_refuses_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """writev takes at most IOV_MAX pieces (EINVAL beyond): 20,000 pieces of 1 KiB, as a shard
+    of many small tensors or a body read in small chunks gives, still land whole and aligned."""
+    counts: list[int] = []
+    real = os.writev
+
+    def counted(fd: int, buffers: list[memoryview]) -> int:
+        counts.append(len(buffers))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(digests.os, "writev", counted)
+    pieces = [bytes([i % 251]) * 1024 for i in range(20_000)]
+    path = tmp_path / "many"
+    with path.open("wb") as fh, HashingWriter(fh) as out:
+        for piece in pieces:
+            out.write(piece)
+    data = b"".join(pieces)
+    assert path.read_bytes() == data
+    assert out.digest() == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert len(counts) == 3 and max(counts) <= digests.IOV_MAX  # two whole blocks and the tail

@@ -63,6 +63,18 @@ def test_tensors_start_at_aligned_offsets_and_read_back_exactly(tmp_path: Path) 
     assert mapped.data_ptr() % ALIGNMENT == 0  # a page-aligned map keeps file alignment
 
 
+def test_a_shard_of_thousands_of_small_tensors_is_written_and_hashed(tmp_path: Path) -> None:
+    # Each tensor (and its alignment padding) is a piece of the file's first 8 MiB block: more
+    # pieces than one writev takes (IOV_MAX, 1024 on Linux).
+    tensors = {f"layer{i}.scale": torch.full((3,), float(i)) for i in range(3000)}
+    path = tmp_path / "many.safetensors"
+    digest, size = write_safetensors(tensors, path)
+    assert digest == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert size == path.stat().st_size
+    back = load_file(path)
+    assert all(torch.equal(back[k], v) for k, v in tensors.items())
+
+
 def test_same_tensors_give_byte_identical_files_in_any_order(tmp_path: Path) -> None:
     tensors = {"a": torch.arange(12.0), "b": torch.ones(3, dtype=torch.int64)}
     first = write_safetensors(tensors, tmp_path / "1.safetensors")
