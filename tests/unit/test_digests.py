@@ -143,3 +143,32 @@ def test_a_hashing_writer_joins_many_small_pieces_before_writev_refuses_them(
     assert path.read_bytes() == data
     assert out.digest() == "sha256:" + hashlib.sha256(data).hexdigest()
     assert len(counts) == 3 and max(counts) <= digests.IOV_MAX  # two whole blocks and the tail
+
+
+def test_a_hashing_writer_finishes_a_short_writev(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """writev may write less than it was given (a signal, a pipe, a full disk's last bytes):
+    the writer goes on from the first byte not written, mid-piece included."""
+    real = os.writev
+    calls = 0
+
+    def short(fd: int, buffers: list[memoryview]) -> int:
+        nonlocal calls
+        calls += 1
+        budget, taken = 1_000_003, []  # an odd amount, so cuts fall inside pieces
+        for b in buffers:
+            if budget <= 0:
+                break
+            taken.append(b[:budget])
+            budget -= len(taken[-1])
+        return real(fd, taken)
+
+    monkeypatch.setattr(digests.os, "writev", short)
+    data = os.urandom(BLOCK + 5_000_000)
+    path = tmp_path / "short"
+    with path.open("wb") as fh, HashingWriter(fh) as out:
+        for at in range(0, len(data), 300_001):
+            out.write(data[at:at + 300_001])
+    assert path.read_bytes() == data
+    assert out.digest() == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert calls > len(data) // 1_000_003
