@@ -333,7 +333,7 @@ def test_a_download_cut_half_way_resumes_with_a_range_and_is_verified(
     reg = registry.Registry(proxy.url)
     try:
         proxy.cut_next = 2  # the link's GET and the blob's share one connection
-        pulled = reg.pull_state_dict(mv.ref)
+        pulled = reg.pull_state_dict(mv.ref, device="cpu")
         assert torch.equal(pulled["w"], weights["w"])
         gets = [r for r in proxy.blob_requests(b"GET") if not r.split()[1].endswith(b"/link")]
         assert len(gets) == 2, f"one cut download and one resumed: {gets}"
