@@ -72,8 +72,10 @@ BLOCK = 8 * 1024 * 1024
 # writev takes at most this many pieces (EINVAL beyond): a block of many small pieces (a shard
 # of thousands of small tensors, a request body read in small chunks) is joined before that.
 try:
-    IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+    IOV_MAX = os.sysconf("SC_IOV_MAX")
 except (AttributeError, OSError, ValueError):
+    IOV_MAX = -1
+if IOV_MAX < 2:  # -1: the system names no limit; 1024 is POSIX's and Linux's
     IOV_MAX = 1024
 
 
