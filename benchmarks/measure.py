@@ -112,8 +112,10 @@ def huge_mapped(module: torch.nn.Module) -> float | None:
     rss = huge = 0
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
         head = block.split(None, 6)
+        if len(head) < 6 or not head[5].startswith("/"):  # anonymous or not a mapping line
+            continue
         low, high = (int(x, 16) for x in head[0].split("-"))
-        if len(head) < 6 or not head[5].startswith("/") or not any(low <= p < high for p in ptrs):
+        if not any(low <= p < high for p in ptrs):
             continue
         fields = dict(re.findall(r"^(Rss|FilePmdMapped):\s+(\d+) kB", block, re.M))
         rss += int(fields.get("Rss", 0))
