@@ -1,4 +1,17 @@
 # The registry server image: `docker compose build registry`, or `docker build -t registry .`
+# Stage 1 builds the release wheel, the same one `pip install torch-registry` gets; stage 2
+# installs that wheel (not the source tree), so the image runs exactly what a user installs.
+FROM python:3.12-slim AS wheel
+
+ENV PIP_NO_CACHE_DIR=1
+RUN pip install "build>=1.0"
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY registry ./registry
+COPY server ./server
+COPY migrations ./migrations
+RUN python -m build --wheel --outdir /dist .
+
 FROM python:3.12-slim
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -10,13 +23,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4"
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY registry ./registry
-COPY server ./server
-COPY migrations ./migrations
 # The mlflow extra runs the mirror into MLflow's Model Registry (MLFLOW_TRACKING_URI).
-RUN pip install ".[mlflow]"
+COPY --from=wheel /dist /tmp/dist
+RUN pip install "$(echo /tmp/dist/torch_registry-*.whl)[mlflow]" && rm -rf /tmp/dist
 
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/registry registry
 USER registry

@@ -5,12 +5,14 @@ PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-oldest-torch lint bench clean
+.PHONY: demo test test-oldest-torch lint bench dist clean
 
+# The base venv holds everything the README uses (`[all]`: torchvision for its quick start, the
+# hf, export and mlflow extras); the dev extras come on top for `make test`.
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -e '.[all]'
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
@@ -53,5 +55,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
+# The release of the distribution torch-registry (import name `registry`): its sdist and wheel
+# in dist/, as tests/integration/test_release.py builds and installs them.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .demo .pytest_cache .mypy_cache .ruff_cache build dist

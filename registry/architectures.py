@@ -41,7 +41,7 @@ _LOADING_KEYS = frozenset({"auto_map", "attn_implementation", "_attn_implementat
 # A config's dtype string is looked up on torch (getattr(torch, name)): only these are kept.
 _FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 _DTYPE_KEYS = frozenset({"dtype", "torch_dtype"})
-_INSTALL = "pip install 'registry[hf]'"
+_INSTALL = "pip install 'torch-registry[hf]'"
 log = logging.getLogger(__name__)
 
 

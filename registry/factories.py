@@ -39,7 +39,7 @@ _MAX_FACTORY = 300
 _FETCHING_KWARG_RE = re.compile(
     r"(?:^|_)(?:pretrained|weights|checkpoint|ckpt|url|path|file|dir|cache|hub|download)(?:_|$)")
 _HARMLESS_KWARGS = frozenset({"init_weights"})  # torchvision's VGG/GoogLeNet: random init only
-_EXTRA_HINT = {"timm": " (pip install 'registry[hf]')"}
+_EXTRA_HINT = {"timm": " (pip install 'torch-registry[hf]')"}
 
 
 def resolve_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:

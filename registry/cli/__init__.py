@@ -17,7 +17,7 @@ from . import admin, exports, models, service
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="registry")
+@click.version_option(package_name="torch-registry")
 def cli() -> None:
     """A model registry for PyTorch: push any checkpoint, pull it on any device."""
 

@@ -1,6 +1,6 @@
 """ONNX: ``torch.onnx.export(..., dynamo=True)`` of the ``torch.export`` program, verified with
 an ONNX Runtime ``InferenceSession`` on the CPU. onnx, onnxscript and onnxruntime are imported
-here only, when an ONNX export runs (``pip install 'registry[export]'``)."""
+here only, when an ONNX export runs (``pip install 'torch-registry[export]'``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _require(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         raise ExportError(f"format='onnx' needs {name}, which is not installed; run "
-                          "pip install 'registry[export]'") from None
+                          "pip install 'torch-registry[export]'") from None
 
 
 def export(module: torch.nn.Module, args: tuple[torch.Tensor, ...], request: ExportRequest,

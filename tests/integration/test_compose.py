@@ -235,8 +235,15 @@ def test_dockerfile_builds_the_same_command(compose: dict[str, Any]) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert compose["services"]["registry"]["build"] == "."
     assert "EXPOSE 8080" in dockerfile
-    for path in ("pyproject.toml", "registry", "server", "migrations"):
+    for path in ("pyproject.toml", "setup.py", "registry", "server", "migrations"):
         assert re.search(rf"^COPY .*\b{path}\b", dockerfile, re.M), path
+    # The image installs the release wheel, never the source tree (which hid a package the
+    # wheel left out): built in one stage, installed from it in the next.
+    assert re.search(r"^RUN python -m build --wheel --outdir /dist \.$", dockerfile, re.M)
+    assert re.search(r"^COPY --from=wheel /dist ", dockerfile, re.M)
+    installs = re.findall(r"^RUN pip install (.*)$", dockerfile, re.M)
+    assert any("torch_registry-*.whl" in line for line in installs), installs
+    assert not any(re.search(r"(^|\s)[\"']?\.[\[\"' ]|(^|\s)\.$", line) for line in installs)
     assert "registry db upgrade && exec registry serve --host 0.0.0.0 --port 8080" in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored  # or the build context is gigabytes

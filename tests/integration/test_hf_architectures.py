@@ -258,8 +258,8 @@ def test_pulling_an_hf_version_without_transformers_says_what_to_install(home: P
     """, home)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("ArchitectureUnknownError") and "registry[hf]" in lines[0]
-    assert lines[1].startswith("ArchitectureUnknownError") and "registry[hf]" in lines[1]
+    assert lines[0].startswith("ArchitectureUnknownError") and "torch-registry[hf]" in lines[0]
+    assert lines[1].startswith("ArchitectureUnknownError") and "torch-registry[hf]" in lines[1]
     assert int(lines[2]) > 0
 
 
