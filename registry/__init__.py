@@ -6,30 +6,13 @@
 
 Module-level functions run on a default :class:`Registry` built from the environment when they
 are called (``REGISTRY_HOME``, ``REGISTRY_CATALOG_URL``, ``REGISTRY_STORE_URL``). This module only
-re-exports: the verbs live in ``_api.py``, the facade in ``client.py``.
+re-exports: the verbs live in ``_api.py``, the facade in ``client.py``. Those need torch and
+load on first use, so the catalog commands of the CLI answer without importing it.
 """
 
+import importlib
+import typing
 
-from ._api import (
-    default_registry,
-    delete_alias,
-    delete_version,
-    export,
-    gc,
-    list_exports,
-    list_models,
-    list_versions,
-    pull,
-    pull_export,
-    pull_files,
-    pull_state_dict,
-    push,
-    save_pretrained,
-    set_alias,
-    set_tags,
-    show,
-)
-from .client import Registry
 from .errors import (
     ArchitectureUnknownError,
     CatalogUnavailableError,
@@ -56,12 +39,63 @@ from .errors import (
     UntrustedFactoryError,
     VersionExistsError,
 )
-from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
 from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
+
+# Loading the submodule `registry.gc` (for GcReport) bound its name here; `gc` is the verb.
+globals().pop("gc")
+
+if typing.TYPE_CHECKING:
+    from ._api import (
+        default_registry,
+        delete_alias,
+        delete_version,
+        export,
+        gc,
+        list_exports,
+        list_models,
+        list_versions,
+        pull,
+        pull_export,
+        pull_files,
+        pull_state_dict,
+        push,
+        save_pretrained,
+        set_alias,
+        set_tags,
+        show,
+    )
+    from .client import Registry
+    from .exports import Artifact
+
+# The names that need torch, loaded on first use (PEP 562): `import registry` alone, and with it
+# every `registry.cli` command that only reads or edits the catalog (ls, show, alias, tag, rm,
+# gc, token, db, store), never imports torch, which costs seconds.
+_LAZY = {
+    **{name: "._api" for name in (
+        "default_registry", "delete_alias", "delete_version", "export", "gc", "list_exports",
+        "list_models", "list_versions", "pull", "pull_export", "pull_files", "pull_state_dict",
+        "push", "save_pretrained", "set_alias", "set_tags", "show")},
+    "Registry": ".client",
+    "Artifact": ".exports",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 

@@ -22,11 +22,14 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from .errors import ArchitectureUnknownError, RefError, UntrustedFactoryError, quoted
+
+if TYPE_CHECKING:
+    # Annotations only: manifest validation reads this module, and `registry ls` must not pay
+    # for importing torch.
+    from torch import nn
 
 TRANSFORMERS = "transformers"
 TIMM_FACTORY = "timm:create_model"

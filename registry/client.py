@@ -1,4 +1,5 @@
-"""The Registry facade: push and pull pipelines over a backend, plus catalog operations."""
+"""The Registry facade: push and pull pipelines over a backend, on top of the catalog
+operations of ``versions.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -16,83 +17,32 @@ from . import architectures, attachments, placement, prefault
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, RefError, SettingsError
+from .errors import DigestMismatchError, RefError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
-from .gc import GcReport
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
-from .refs import (
-    Ref,
-    parse,
-    parse_push_target,
-    validate_alias,
-    validate_aliases,
-    validate_name,
-    validate_tags,
-    validate_version,
-)
-from .settings import Settings, parse_size
+from .refs import Ref, parse, parse_push_target, validate_aliases, validate_tags
+from .settings import parse_size
 from .staging import Stagings
 from .statedict import ordered_state
-from .store import ObjectStore
+from .versions import Versions, model_version
 from .weights import load_shard, write_shards
-
-if TYPE_CHECKING:
-    from .catalog.repository import Catalog
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
 
-class Registry:
+class Registry(Versions):
     """A model registry: embedded (SQLite + local files) by default, configured by environment.
 
     ``Registry(uri=None, *, home=None, catalog=None, store=None, token=None)``: ``catalog`` and
     ``store`` take URLs (or a Catalog / ObjectStore); ``home`` replaces ``REGISTRY_HOME``.
+    Reads and catalog edits (show, list, alias, tag, delete, gc) come from :class:`Versions`,
+    which needs no torch; push, pull and export are here.
     """
-
-    def __init__(
-        self,
-        uri: str | None = None,
-        *,
-        home: str | os.PathLike[str] | None = None,
-        catalog: str | Catalog | None = None,
-        store: str | ObjectStore | None = None,
-        token: str | None = None,
-    ) -> None:
-        self.settings = Settings.from_env(
-            home=home,
-            catalog=catalog if isinstance(catalog, str) else None,
-            store=store if isinstance(store, str) else None,
-        )
-        self._backend: Backend
-        uri = uri if uri is not None else self.settings.uri
-        if uri and token is None and uri == self.settings.uri:
-            token = self.settings.token  # REGISTRY_TOKEN goes only to REGISTRY_URI
-        if uri:
-            if catalog is not None or store is not None:
-                raise SettingsError(f"remote registry {uri!r} keeps its own catalog and store; "
-                                    "pass either a uri or catalog=/store=, not both")
-            from .remote import RemoteBackend
-
-            self._backend = RemoteBackend(uri, token=token, cache_dir=self.settings.cache_dir)
-            return
-        self._backend = LocalBackend.from_settings(
-            self.settings,
-            catalog=None if catalog is None or isinstance(catalog, str) else catalog,
-            store=None if store is None or isinstance(store, str) else store,
-        )
-
-    def __repr__(self) -> str:
-        return f"Registry({self._backend!r})"
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
 
     # -- push -----------------------------------------------------------------------------
 
@@ -185,7 +135,7 @@ class Registry:
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
-        return _version(result.record, push=result.report())
+        return model_version(result.record, push=result.report())
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -302,44 +252,6 @@ class Registry:
             out[alias] = out[kept]
         return out
 
-    # -- reads ----------------------------------------------------------------------------
-
-    def show(self, ref: str | Ref) -> ModelVersion:
-        """The version ``ref`` names (the latest one for a bare name)."""
-        return _version(self._backend.resolve(parse(ref)))
-
-    def list_models(self) -> list[str]:
-        """Names of models with at least one version, sorted."""
-        return self._backend.list_models()
-
-    def list_versions(self, name: str) -> list[ModelVersion]:
-        """Every live version of ``name``, oldest first."""
-        return [_version(r) for r in self._backend.list_versions(validate_name(name))]
-
-    # -- changes --------------------------------------------------------------------------
-
-    def set_alias(self, name: str, alias: str, version: int | str) -> ModelVersion:
-        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere)."""
-        return _version(self._backend.set_alias(validate_name(name), validate_alias(alias),
-                                                validate_version(version)))
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._backend.delete_alias(validate_name(name), validate_alias(alias))
-
-    def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
-        """Merge ``tags`` into the version's tags; a None value removes a tag."""
-        resolved = self._backend.resolve(parse(ref))
-        return _version(self._backend.set_tags(resolved.name, resolved.version,
-                                               validate_tags(tags, removals=True)))
-
-    def delete_version(self, ref: str | Ref) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused."""
-        parsed = parse(ref)
-        if parsed.version is None:
-            raise RefError(f"delete_version needs an explicit version such as "
-                           f"'{parsed.name}:v1', not {str(parsed)!r}")
-        return _version(self._backend.delete_version(parsed.name, parsed.version))
-
     # -- exports: the logic lives in registry/exports ----------------------------------------
 
     def export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
@@ -376,29 +288,8 @@ class Registry:
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
             dtype=dtype, tolerance=tolerance, model=model))
 
-    def list_exports(self, ref: str | Ref) -> list[Artifact]:
-        """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
-        from .exports import service
-
-        return service.list_exports(self, ref)
-
-    def gc(self) -> GcReport:
-        """Remove store and cache objects that no version references."""
-        return self._backend.gc()
-
-    def close(self) -> None:
-        self._backend.close()
-
 
 # -- helpers ------------------------------------------------------------------------------
-
-def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> ModelVersion:
-    metadata = {**record.manifest, "tags": dict(record.tags)}
-    if push is not None:
-        metadata["push"] = push
-    return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
-                        list(record.aliases), metadata)
-
 
 # Manifest texts that passed mf.validate in this process: a record parsed from one of them
 # holds the same manifest, so only the checks against the record itself run again (0.1 ms of a

@@ -86,6 +86,30 @@ def push_summary(report: dict[str, int]) -> str:
     return line
 
 
+def version_summary(mv: ModelVersion) -> dict[str, Any]:
+    """One version in a line of JSON (``registry ls --json``): identity, size, when, names, and
+    where it came from; ``registry show --json`` prints the whole manifest."""
+    meta = mv.metadata
+    source: dict[str, Any] = meta.get("source", {})
+    return {
+        "ref": mv.ref,
+        "digest": mv.digest,
+        "size": int(source.get("size_bytes", 0)),
+        "created": meta.get("created_at"),
+        "aliases": list(mv.aliases),
+        "tags": dict(mv.tags),
+        "source": {
+            "architecture": _architecture(meta.get("architecture", {})),
+            "parameters": source.get("params"),
+            "devices": source.get("devices", []),
+            "dtypes": source.get("dtypes", {}),
+            "precision": source.get("precision"),
+            "wrapping": source.get("wrapping", []),
+            "input": source.get("input"),
+        },
+    }
+
+
 def versions_table(versions: list[ModelVersion]) -> str:
     rows = [("VERSION", "DIGEST", "SIZE", "ALIASES", "TAGS")]
     for mv in versions:

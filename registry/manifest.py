@@ -20,7 +20,6 @@ its digest is the one its files give, before it is committed, rebuilt or used.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -251,11 +250,12 @@ def _source(value: object, tensors: Mapping[str, Any], origin: str) -> None:
         _fail(origin, "source.keep_in_fp32", keep, "a list of module prefixes")
 
 
-@functools.cache
-def _dtype_names() -> frozenset[str]:
-    from .weights import DTYPE_CODES
-
-    return frozenset(str(d).removeprefix("torch.") for d in DTYPE_CODES)
+# The dtypes a stored tensor may have: those safetensors stores and torch (>= 2.4) names, the
+# keys of weights.DTYPE_CODES (a unit test keeps the two equal). Spelled out so that validating
+# a manifest (`registry db rebuild`, a remote `ls`) imports no torch.
+STORED_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int64", "int32",
+                           "int16", "int8", "uint8", "bool", "complex64", "float8_e4m3fn",
+                           "float8_e5m2"})
 
 
 def _tensor_spec(key: object, spec: object, origin: str) -> None:
@@ -263,7 +263,7 @@ def _tensor_spec(key: object, spec: object, origin: str) -> None:
         _fail(origin, "tensors", key, f"a key of 1 to {MAX_KEY_CHARS} characters")
     spec = _obj(spec, f"tensors[{key!r}]", origin)
     dtype = spec.get("dtype")
-    if dtype not in _dtype_names():
+    if dtype not in STORED_DTYPES:
         _fail(origin, f"tensors[{key!r}].dtype", dtype, "a dtype safetensors stores")
     shape = spec.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM \

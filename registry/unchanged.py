@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from . import manifest as mf
 from .cache import VerifiedFiles
 from .errors import RegistryError
@@ -39,6 +37,9 @@ from .files import VersionFile, weight_files
 from .refs import Ref
 
 if TYPE_CHECKING:
+    # Annotations only: the backends import this module, and `registry ls` imports no torch.
+    import torch
+
     from .catalog.records import VersionRecord
 
 _CHUNK = 16 * 2**20

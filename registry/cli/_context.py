@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from ..versions import Versions
+
 
 class KeyValue(click.ParamType):
     """``key=value`` pairs for --tag and ``registry tag``."""
@@ -40,9 +42,18 @@ class JsonObject(click.ParamType):
         return parsed
 
 
-def open_registry(ctx: click.Context) -> Any:
-    """The Registry this invocation runs on (built on first use, from the environment)."""
+def open_versions(ctx: click.Context) -> Versions:
+    """The registry this invocation reads and edits versions of, without torch (built on first
+    use, from the environment): what ls, show, alias, tag, rm, gc and db run on."""
     if ctx.obj is None:
+        ctx.obj = Versions()
+    return ctx.obj
+
+
+def open_registry(ctx: click.Context) -> Any:
+    """The Registry this invocation pushes, pulls or exports with (built on first use, from the
+    environment); it imports torch."""
+    if ctx.obj is None or type(ctx.obj) is Versions:
         from ..client import Registry
 
         ctx.obj = Registry()
@@ -51,3 +62,8 @@ def open_registry(ctx: click.Context) -> Any:
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def emit_json_lines(items: list[Any]) -> None:
+    """A JSON list with one compact object per line: short, and still readable with grep."""
+    click.echo("[" + ",\n ".join(json.dumps(item) for item in items) + "]")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._context import open_registry
+from ._context import open_versions
 
 
 @click.group()
@@ -50,7 +50,7 @@ def db_current() -> None:
 @click.pass_context
 def db_rebuild(ctx: click.Context) -> None:
     """Rebuild the catalog from the store's manifests (after losing the database)."""
-    count = open_registry(ctx).backend.rebuild()
+    count = open_versions(ctx).backend.rebuild()
     click.echo(f"rebuilt the catalog: {count} version(s)")
 
 

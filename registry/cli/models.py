@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
-from ._context import JsonObject, KeyValue, emit_json, open_registry
+from ._context import (
+    JsonObject,
+    KeyValue,
+    emit_json,
+    emit_json_lines,
+    open_registry,
+    open_versions,
+)
 
 
 @click.command()
@@ -100,36 +107,38 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 
 @click.command("ls")
 @click.argument("name", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print ModelVersion fields as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list, one compact object per version (show --json: all of it).")
 @click.pass_context
 def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
     """List models, or the versions of NAME."""
-    from ..display import versions_table
+    from ..display import version_summary, versions_table
 
-    reg = open_registry(ctx)
+    reg = open_versions(ctx)
     if name is None:
         latest = [reg.show(model) for model in reg.list_models()]
         if as_json:
-            emit_json([mv.to_dict() for mv in latest])
+            emit_json_lines([version_summary(mv) for mv in latest])
         elif latest:
             click.echo(versions_table(latest).replace("VERSION", "LATEST ", 1))
         return
     versions = reg.list_versions(name)
     if as_json:
-        emit_json([mv.to_dict() for mv in versions])
+        emit_json_lines([version_summary(mv) for mv in versions])
     else:
         click.echo(versions_table(versions))
 
 
 @click.command()
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True, help="Print ModelVersion fields as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the ModelVersion with its whole manifest as JSON.")
 @click.pass_context
 def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     """Show a version: identity, tags, and where and how it was trained."""
     from ..display import version_table
 
-    reg = open_registry(ctx)
+    reg = open_versions(ctx)
     mv = reg.show(ref)
     exports = reg.list_exports(mv.ref)
     if as_json:
@@ -152,7 +161,7 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
 @click.pass_context
 def alias(ctx: click.Context, name: str, alias: str, version: str | None, delete: bool) -> None:
     """Point NAME@ALIAS at VERSION (3 or v3); --delete removes the alias."""
-    reg = open_registry(ctx)
+    reg = open_versions(ctx)
     if delete:
         if version is not None:
             raise click.UsageError("--delete takes no VERSION")
@@ -176,7 +185,7 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
     if not pairs and not removals:
         raise click.UsageError("give at least one KEY=VALUE or --rm KEY")
     changes: dict[str, str | None] = {**dict(pairs), **{k: None for k in removals}}
-    mv = open_registry(ctx).set_tags(ref, changes)
+    mv = open_versions(ctx).set_tags(ref, changes)
     click.echo(f"{mv.ref} tags: " + (", ".join(f"{k}={v}" for k, v in mv.tags.items()) or "-"))
 
 
@@ -185,7 +194,7 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
 @click.pass_context
 def rm(ctx: click.Context, ref: str) -> None:
     """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes."""
-    mv = open_registry(ctx).delete_version(ref)
+    mv = open_versions(ctx).delete_version(ref)
     click.echo(f"deleted {mv.ref}")
 
 
@@ -198,7 +207,7 @@ def gc(ctx: click.Context) -> None:
     keeps what it reuses; set REGISTRY_GC_GRACE=0 only when no push or pull is running."""
     from ..display import human_bytes
 
-    report = open_registry(ctx).gc()
+    report = open_versions(ctx).gc()
     click.echo(f"deleted {len(report.deleted)} blob(s), freed {human_bytes(report.freed_bytes)}, "
                f"kept {report.kept}")
     if report.young:

@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
+from ..backends import LocalBackend
 from ..errors import SettingsError
-from ._context import open_registry
+from ._context import open_versions
 
 # A mirror must fail fast when MLflow is down: versions stay pending and a later sync catches
 # up, so MLflow's default minutes of retries would only stall the caller.
@@ -124,13 +125,14 @@ def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
     from ..remote import RemoteBackend
 
     _fast_fail_mlflow()
-    backend = open_registry(ctx).backend
+    backend = open_versions(ctx).backend
     if isinstance(backend, RemoteBackend):
         return backend.mlflow_sync(full=full)
     from ..mirror_mlflow import sync, tracking_uri_for
 
-    reg = open_registry(ctx)
-    return sync(backend, tracking_uri_for(reg.settings), full=full).to_dict()
+    reg = open_versions(ctx)
+    # Not a server: the embedded (local) backend.
+    return sync(cast(LocalBackend, backend), tracking_uri_for(reg.settings), full=full).to_dict()
 
 
 @click.command()
@@ -142,7 +144,7 @@ def ui(ctx: click.Context, host: str, port: int) -> None:
     from ..mirror_mlflow import tracking_uri_for
     from ..remote import RemoteBackend
 
-    reg = open_registry(ctx)
+    reg = open_versions(ctx)
     if isinstance(reg.backend, RemoteBackend):
         raise SettingsError("`registry ui` browses the embedded registry; for a server, open "
                             "the MLflow UI of the server's MLFLOW_TRACKING_URI")

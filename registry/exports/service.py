@@ -1,8 +1,8 @@
 """Export a stored version in this process, verify the artifact, store it, find it again.
 
-The facade's ``export`` / ``pull_export`` / ``list_exports`` are thin calls of the functions
-here; the backend decides where the artifact goes (``local.py`` in-process, ``remote.py`` to a
-server), and nothing here depends on which.
+The facade's ``export`` / ``pull_export`` are thin calls of the functions here (listing the
+stored exports needs no torch: ``versions.py`` does it); the backend decides where the artifact
+goes (``local.py`` in-process, ``remote.py`` to a server), and nothing here depends on which.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from ..digests import sha256_file
 from ..errors import ExportError
 from ..refs import Ref, parse
 from . import records
+from .artifact import SUFFIXES, Artifact
 from .common import (
-    SUFFIXES,
-    Artifact,
     ExportRequest,
     check_inputs,
     compare,
@@ -40,14 +39,6 @@ def _format_module(fmt: str) -> Any:
     import importlib
 
     return importlib.import_module(f"{__package__}.{fmt}")
-
-
-def list_exports(registry: Registry, ref: str | Ref) -> list[Artifact]:
-    """Every stored export of ``ref`` (nothing is downloaded: ``path`` is None)."""
-    version = registry.backend.resolve(parse(ref))
-    origin = f"{version.name}:v{version.version}"
-    return [Artifact.from_record(origin, r)
-            for r in registry.backend.list_exports(version.name, version.version)]
 
 
 def export(registry: Registry, ref: str | Ref, request: ExportRequest,

@@ -48,7 +48,8 @@ def test_push_show_ls_pull_tag_alias_rm_gc(env: dict[str, str], checkpoint: Path
     run_cli("push", "mlp", str(checkpoint), env=env, check=True)
     listing = json.loads(run_cli("ls", "mlp", "--json", env=env, check=True).stdout)
     assert [v["ref"] for v in listing] == ["mlp:v1", "mlp:v2"]
-    assert all(list(v) == MODEL_FIELDS for v in listing)
+    # one compact object per version (tests/integration/test_cli_without_torch.py has the rest)
+    assert all("metadata" not in v and v["source"]["devices"] == ["cuda:1"] for v in listing)
     assert "mlp:v2" in run_cli("ls", env=env, check=True).stdout
 
     out = tmp_path / "out.safetensors"

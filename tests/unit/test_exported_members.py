@@ -16,6 +16,11 @@ VERBS = [name for name, obj in vars(_api).items()
 
 def test_all_is_sorted_and_exactly_the_public_names() -> None:
     assert registry.__all__ == sorted(registry.__all__)
+    # The names that need torch load on first use (PEP 562); touch each, then none may be missing
+    # and no other public name may have appeared.
+    for name in registry.__all__:
+        getattr(registry, name)
+    assert sorted(dir(registry)) == sorted({*vars(registry), *registry.__all__})
     public = {name for name in vars(registry) if not name.startswith("_")
               and not inspect.ismodule(getattr(registry, name))}
     assert set(registry.__all__) == public

@@ -12,8 +12,10 @@ import torch
 from safetensors.torch import load_file, safe_open
 
 from registry.errors import NormalizationError
+from registry.manifest import STORED_DTYPES
 from registry.weights import (
     ALIGNMENT,
+    DTYPE_CODES,
     file_order,
     group_of,
     plan_shards,
@@ -167,3 +169,8 @@ def test_a_failed_shard_write_leaves_no_file(tmp_path: Path) -> None:
     with pytest.raises(NormalizationError):
         write_shards(tensors, 1024, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_manifest_validation_knows_exactly_the_dtypes_the_writer_stores() -> None:
+    # manifest.py spells the names out so that validating a manifest imports no torch.
+    assert STORED_DTYPES == {str(d).removeprefix("torch.") for d in DTYPE_CODES}

@@ -1,0 +1,132 @@
+"""The facade's catalog half: a registry opened from the environment, and every operation that
+reads or edits versions without touching a tensor (show, list, alias, tag, delete, exports, gc).
+
+Nothing here imports torch, so the CLI commands built on it (``ls``, ``show``, ``alias``,
+``tag``, ``rm``, ``gc``, ``db``) answer at once. :class:`registry.Registry` adds push, pull and
+export on top of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .backends import Backend, LocalBackend
+from .catalog.records import VersionRecord
+from .errors import RefError, SettingsError
+from .exports import Artifact
+from .gc import GcReport
+from .manifest import ModelVersion
+from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
+from .settings import Settings
+from .store import ObjectStore
+
+if TYPE_CHECKING:
+    from .catalog.repository import Catalog
+
+
+class Versions:
+    """A registry's versions: embedded (SQLite + local files) by default, configured by
+    environment; ``uri`` (or ``REGISTRY_URI``) opens a registry server instead."""
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        home: str | os.PathLike[str] | None = None,
+        catalog: str | Catalog | None = None,
+        store: str | ObjectStore | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.settings = Settings.from_env(
+            home=home,
+            catalog=catalog if isinstance(catalog, str) else None,
+            store=store if isinstance(store, str) else None,
+        )
+        self._backend: Backend
+        uri = uri if uri is not None else self.settings.uri
+        if uri and token is None and uri == self.settings.uri:
+            token = self.settings.token  # REGISTRY_TOKEN goes only to REGISTRY_URI
+        if uri:
+            if catalog is not None or store is not None:
+                raise SettingsError(f"remote registry {uri!r} keeps its own catalog and store; "
+                                    "pass either a uri or catalog=/store=, not both")
+            from .remote import RemoteBackend
+
+            self._backend = RemoteBackend(uri, token=token, cache_dir=self.settings.cache_dir)
+            return
+        self._backend = LocalBackend.from_settings(
+            self.settings,
+            catalog=None if catalog is None or isinstance(catalog, str) else catalog,
+            store=None if store is None or isinstance(store, str) else store,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._backend!r})"
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def show(self, ref: str | Ref) -> ModelVersion:
+        """The version ``ref`` names (the latest one for a bare name)."""
+        return model_version(self._backend.resolve(parse(ref)))
+
+    def list_models(self) -> list[str]:
+        """Names of models with at least one version, sorted."""
+        return self._backend.list_models()
+
+    def list_versions(self, name: str) -> list[ModelVersion]:
+        """Every live version of ``name``, oldest first."""
+        return [model_version(r) for r in self._backend.list_versions(validate_name(name))]
+
+    def list_exports(self, ref: str | Ref) -> list[Artifact]:
+        """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
+        version = self._backend.resolve(parse(ref))
+        origin = f"{version.name}:v{version.version}"
+        return [Artifact.from_record(origin, r)
+                for r in self._backend.list_exports(version.name, version.version)]
+
+    # -- changes --------------------------------------------------------------------------
+
+    def set_alias(self, name: str, alias: str, version: int | str) -> ModelVersion:
+        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere)."""
+        return model_version(self._backend.set_alias(validate_name(name), validate_alias(alias),
+                                                     validate_version(version)))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._backend.delete_alias(validate_name(name), validate_alias(alias))
+
+    def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
+        """Merge ``tags`` into the version's tags; a None value removes a tag."""
+        resolved = self._backend.resolve(parse(ref))
+        return model_version(self._backend.set_tags(resolved.name, resolved.version,
+                                                    validate_tags(tags, removals=True)))
+
+    def delete_version(self, ref: str | Ref) -> ModelVersion:
+        """Delete one explicit version (``name:vN``); its number is never reused."""
+        parsed = parse(ref)
+        if parsed.version is None:
+            raise RefError(f"delete_version needs an explicit version such as "
+                           f"'{parsed.name}:v1', not {str(parsed)!r}")
+        return model_version(self._backend.delete_version(parsed.name, parsed.version))
+
+    def gc(self) -> GcReport:
+        """Remove store and cache objects that no version references."""
+        return self._backend.gc()
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) -> ModelVersion:
+    """The :class:`ModelVersion` a caller gets for a catalog record (``push``: the upload
+    report of the push that made it)."""
+    metadata = {**record.manifest, "tags": dict(record.tags)}
+    if push is not None:
+        metadata["push"] = push
+    return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
+                        list(record.aliases), metadata)
