@@ -36,11 +36,14 @@ def main() -> None:
     checkpoint = workdir / "trained_on_gpu.pth"
     save_like_a_gpu_job(TinyNet().half(), checkpoint)
 
+    # The failure the registry exists for, shown on purpose: plain torch.load of a checkpoint
+    # written on a GPU, on a machine without one.
     try:
         torch.load(checkpoint, weights_only=True)
         print("torch.load: loaded (this machine has a GPU)")
     except RuntimeError as exc:
-        print(f"torch.load: {str(exc).splitlines()[0][:100]}...")
+        print("torch.load without the registry fails here, as expected on a machine without a "
+              f"GPU:\n  expected error: {str(exc).splitlines()[0][:100]}...")
 
     mv = registry.push(checkpoint, "tinynet", tags={"dataset": "demo"}, aliases=["staging"],
                        factory=TinyNet, factory_kwargs={"num_classes": 10},
