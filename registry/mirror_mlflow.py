@@ -2,9 +2,14 @@
 
 Each model becomes a registered model; each version a model version whose ``source`` is the
 blob's store URI, tagged with the registry ref, digest, training devices, dtypes, wrapping,
-precision, parameters and size, described by a readable table, and carrying our aliases.
-MLflow version numbers match ours: gaps (deleted or retired numbers) are skipped by creating and
-at once deleting placeholder versions, because MLflow never reuses a number either.
+precision, parameters and size, described by a readable table (``mlflow_view.py``), and carrying
+our aliases. MLflow version numbers match ours: gaps (deleted or retired numbers) are skipped by
+creating and at once deleting placeholder versions, because MLflow never reuses a number either.
+
+MLflow is a view, but its UI can edit it. Every sync compares what MLflow shows for each live
+version with what it should show and puts back edited tags, descriptions and aliases; a version
+deleted in MLflow is restored under its own number by recreating the registered model (MLflow
+cannot reuse a deleted number). The report lists what was repaired.
 
 The catalog remembers, per version, a fingerprint of what was last mirrored (column
 ``mlflow_synced``; NULL = pending). :func:`sync` compares fingerprints and touches MLflow only for
@@ -21,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import re
 import threading
 import time
 import uuid
@@ -29,13 +33,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import manifest as mf
 from .catalog.mirror import claim_token, live_claim
 from .catalog.records import VersionRecord
-from .display import human_bytes, version_table
 from .errors import MlflowUnavailableError, NotFoundError, RegistryError
-from .files import weight_files
-from .manifest import ModelVersion
+from .mlflow_view import (
+    MODEL_TAGS,
+    describe,
+    model_description,
+    source_key,
+    version_tags,
+)
 from .settings import redact_url
 
 if TYPE_CHECKING:
@@ -44,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_TAG_KEY_RE = re.compile(r"[^\w.\- /]")
 _MAX_PLACEHOLDERS = 10_000
 # How soon a mirror looks again at versions another replica was mirroring (it may have mirrored
 # an older state of them).
@@ -59,6 +65,8 @@ class SyncReport:
     mirrored: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unchanged: int = 0
+    # What was put back after an edit in MLflow's UI: ref (or name, name@alias) -> what.
+    repaired: dict[str, list[str]] = field(default_factory=dict)
     # Versions another replica's mirror was working on: a later sync looks at them again.
     busy: int = 0
 
@@ -73,13 +81,13 @@ def tracking_uri_for(settings: Settings) -> str:
     return settings.mlflow_uri
 
 
-def fingerprint(record: VersionRecord, tracking_uri: str, exports: list[str] | None = None
-                ) -> str:
+def fingerprint(record: VersionRecord, tracking_uri: str,
+                exports: list[dict[str, Any]] | None = None) -> str:
     """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
     state: dict[str, Any] = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
-                             "aliases": sorted(record.aliases), "format": 1}
+                             "aliases": sorted(record.aliases), "format": 2}
     if exports:
-        state["exports"] = exports
+        state["exports"] = sorted(f"{e['format']}:{e['digest']}" for e in exports)
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
@@ -98,6 +106,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
             records = {r.version: r for r in catalog.list_versions(name)}
         except NotFoundError:
             records = {}  # every version of the model was deleted
+        busy = report.busy
         for _, version, state, synced in rows:
             if state == "pending":
                 report.busy += 1  # its push is still running: wait for it, to keep order
@@ -120,7 +129,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 catalog.swap_mirror_state(name, version, claim, None)
                 report.removed.append(f"{name}:v{version}")
                 continue
-            formats = export_formats(backend, name, version)
+            formats = export_records(backend, name, version)
             wanted = fingerprint(record, tracking_uri, formats)
             if synced == wanted and not full:
                 report.unchanged += 1
@@ -135,8 +144,12 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
         if full:
             with _mapped(tracking_uri):
                 report.removed += _remove_strays(client, name, set(records))
-    log.info("mlflow sync to %s: %d mirrored, %d removed, %d unchanged", tracking_uri,
-             len(report.mirrored), len(report.removed), report.unchanged)
+        if records and report.busy == busy:
+            with _mapped(tracking_uri):
+                report.repaired.update(_repair(client, backend, name, records))
+    log.info("mlflow sync to %s: %d mirrored, %d removed, %d unchanged, %d repaired",
+             tracking_uri, len(report.mirrored), len(report.removed), report.unchanged,
+             len(report.repaired))
     return report
 
 
@@ -156,40 +169,30 @@ def _released(catalog: Any, name: str, version: int, claim: str,
 # -- one version ------------------------------------------------------------------------------
 
 def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
-    """What MLflow's ``source`` names: the weights blob of a one-shard version, else the
-    version's manifest (which lists its shards)."""
-    shards = weight_files(record.manifest)
-    if len(shards) == 1:
-        return backend.store.uri(mf.blob_key(shards[0].digest))
-    return backend.store.uri(mf.manifest_key(record.name, record.version))
+    """What MLflow's ``source`` names: the store URI of ``mlflow_view.source_key``."""
+    return backend.store.uri(source_key(record))
 
 
-def export_formats(backend: LocalBackend, name: str, version: int) -> list[str]:
-    """The formats ``name:vN`` has been exported to, sorted (the ``registry.exports`` tag)."""
+def export_records(backend: LocalBackend, name: str, version: int) -> list[dict[str, Any]]:
+    """The stored exports of ``name:vN`` (the ``registry.exports`` tag and description rows)."""
     from .exports import local as exports
 
-    return sorted({r["format"] for r in exports.list_exports(backend, name, version)})
+    return list(exports.list_exports(backend, name, version))
 
 
 def _mirror_version(client: Any, record: VersionRecord, source: str,
-                    exports: list[str] | None = None) -> None:
+                    exports: list[dict[str, Any]] | None = None) -> None:
     name = record.name
     _ensure_registered_model(client, name)
     existing = _find_version(client, name, record.version)
-    tags = version_tags(record, source)
-    if exports:
-        tags["registry.exports"] = ",".join(exports)
-    description = describe(record)
+    tags = version_tags(record, source, exports or ())
+    description = describe(record, exports or ())
     if existing is None:
         existing = _create_aligned(client, name, record.version, source, tags, description)
+        if existing is None:
+            return  # its number is taken: the repair after the loop recreates the model
     else:
-        for key, value in tags.items():
-            if existing.tags.get(key) != value:
-                client.set_model_version_tag(name, existing.version, key, value)
-        for key in set(existing.tags) - set(tags):
-            client.delete_model_version_tag(name, existing.version, key)
-        if (existing.description or "") != description:
-            client.update_model_version(name, existing.version, description=description)
+        _put_back(client, existing, tags, description)
     ours = set(record.aliases)
     for alias in set(existing.aliases or []) - ours:
         client.delete_registered_model_alias(name, alias)
@@ -199,14 +202,17 @@ def _mirror_version(client: Any, record: VersionRecord, source: str,
 
 def _create_aligned(client: Any, name: str, version: int, source: str, tags: dict[str, str],
                     description: str) -> Any:
-    """Create the MLflow version numbered ``version`` (placeholders fill gaps, then go)."""
+    """Create the MLflow version numbered ``version`` (placeholders fill gaps, then go); None
+    when MLflow has used that number already."""
     for _ in range(_MAX_PLACEHOLDERS):
         created = _create(client, name, source, tags, description)
         number = int(created.version)
-        if number >= version:
-            if number > version:
-                log.warning("MLflow already used number %d for %s; mirrored %s:v%d as MLflow "
-                            "version %d", version, name, name, version, number)
+        if number > version:
+            # MLflow never reuses a number (this one was deleted there): a version mirrored
+            # under another number would break "same numbers", so none is left behind.
+            client.delete_model_version(name, created.version)
+            return None
+        if number == version:
             return created
         client.delete_model_version(name, created.version)  # a placeholder for a gap
     raise MlflowUnavailableError(f"could not align MLflow versions of {name} with v{version}")
@@ -265,6 +271,80 @@ def _remove_strays(client: Any, name: str, live: set[int]) -> list[str]:
     return removed
 
 
+def _put_back(client: Any, shown: Any, tags: dict[str, str], description: str) -> list[str]:
+    """Make MLflow version ``shown`` carry exactly ``tags`` and ``description``; what changed."""
+    changed = []
+    if any(shown.tags.get(k) != v for k, v in tags.items()) or set(shown.tags) - set(tags):
+        for key, value in tags.items():
+            if shown.tags.get(key) != value:
+                client.set_model_version_tag(shown.name, shown.version, key, value)
+        for key in set(shown.tags) - set(tags):
+            client.delete_model_version_tag(shown.name, shown.version, key)
+        changed.append("tags")
+    if (shown.description or "") != description:
+        client.update_model_version(shown.name, shown.version, description=description)
+        changed.append("description")
+    return changed
+
+
+def _repair(client: Any, backend: LocalBackend, name: str,
+            records: dict[int, VersionRecord]) -> dict[str, list[str]]:
+    """Put back what was edited in MLflow's UI for the live versions of ``name``: a version
+    missing or under another number (the registered model is recreated, since MLflow cannot
+    reuse a number), tags, descriptions, aliases, the registered model's own description."""
+    shown: dict[int, list[Any]] = {}
+    for candidate in client.search_model_versions(f"name='{name}'"):
+        ref = candidate.tags.get("registry.ref", "")
+        number = ref.rpartition(":v")[2]
+        if ref.startswith(f"{name}:v") and number.isdigit():
+            shown.setdefault(int(number), []).append(candidate)
+    lost = [v for v in sorted(records) if [int(m.version) for m in shown.get(v, [])] != [v]]
+    if lost:
+        _recreate_model(client, backend, name, records)
+        return {f"{name}:v{v}": ["restored"] for v in lost}
+    repaired: dict[str, list[str]] = {}
+    for version, record in sorted(records.items()):
+        exports = export_records(backend, name, version)
+        if changed := _put_back(client, shown[version][0],
+                                version_tags(record, source_uri(backend, record), exports),
+                                describe(record, exports)):
+            repaired[f"{name}:v{version}"] = changed
+    model = client.get_registered_model(name)
+    wanted = {alias: v for v, r in records.items() for alias in r.aliases}
+    present = {alias: int(v) for alias, v in (model.aliases or {}).items()}
+    for alias in sorted(set(present) - set(wanted)):
+        client.delete_registered_model_alias(name, alias)
+        repaired.setdefault(f"{name}@{alias}", []).append("alias removed")
+    for alias, version in sorted(wanted.items()):
+        if present.get(alias) != version:
+            client.set_registered_model_alias(name, alias, str(version))
+            repaired.setdefault(f"{name}:v{version}", []).append(f"alias {alias}")
+    if (model.description or "") != model_description(name) \
+            or any((model.tags or {}).get(k) != v for k, v in MODEL_TAGS.items()):
+        client.update_registered_model(name, description=model_description(name))
+        for key, value in MODEL_TAGS.items():
+            client.set_registered_model_tag(name, key, value)
+        repaired[name] = ["model description"]
+    return repaired
+
+
+def _recreate_model(client: Any, backend: LocalBackend, name: str,
+                    records: dict[int, VersionRecord]) -> None:
+    """Delete the registered model and mirror every live version again, in number order, so
+    each gets its own number back (placeholders fill the gaps)."""
+    from mlflow.exceptions import MlflowException
+
+    log.warning("MLflow lost or renumbered versions of %s: recreating its registered model", name)
+    try:
+        client.delete_registered_model(name)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    for version, record in sorted(records.items()):
+        _mirror_version(client, record, source_uri(backend, record),
+                        export_records(backend, name, version))
+
+
 def _ensure_registered_model(client: Any, name: str) -> None:
     from mlflow.exceptions import MlflowException
 
@@ -274,53 +354,11 @@ def _ensure_registered_model(client: Any, name: str) -> None:
         if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
             raise
         try:
-            client.create_registered_model(
-                name, tags={"registry.mirrored": "true"},
-                description=f"Mirrored from the PyTorch registry: pull with "
-                            f"`registry.pull(\"{name}:vN\")`.")
+            client.create_registered_model(name, tags=dict(MODEL_TAGS),
+                                           description=model_description(name))
         except MlflowException as again:  # created concurrently by another mirror
             if getattr(again, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
                 raise
-
-
-# -- what a version looks like in MLflow --------------------------------------------------------
-
-def version_tags(record: VersionRecord, blob_uri: str) -> dict[str, str]:
-    """Our tags (keys MLflow accepts) plus registry.* facts about where the weights came from."""
-    source = record.manifest.get("source", {})
-    dtypes = source.get("dtypes", {})
-    tags = {_TAG_KEY_RE.sub("_", k)[:250]: v[:5000] for k, v in record.tags.items()}
-    tags.update({
-        "registry.ref": f"{record.name}:v{record.version}",
-        "registry.digest": record.digest,
-        "registry.devices": ",".join(source.get("devices", [])) or "unknown",
-        "registry.dtypes": ",".join(dtypes) if isinstance(dtypes, dict) else str(dtypes),
-        "registry.wrapping": ",".join(source.get("wrapping", [])) or "none",
-        "registry.precision": str(source.get("precision") or "-"),
-        "registry.params": str(source.get("params", 0)),
-        "registry.size": human_bytes(int(source.get("size_bytes", record.size_bytes))),
-        "registry.size_bytes": str(source.get("size_bytes", record.size_bytes)),
-        "registry.shards": str(len(record.manifest.get("files", ()))),
-        "registry.blob_uri": blob_uri,
-    })
-    return tags
-
-
-def describe(record: VersionRecord) -> str:
-    """A Markdown table of the ``registry show`` facts (MLflow renders descriptions)."""
-    mv = ModelVersion(record.name, record.version, record.digest, dict(record.tags),
-                      list(record.aliases), {**record.manifest, "tags": dict(record.tags)})
-    lines = version_table(mv).splitlines()
-    width = max(len(line.split("  ", 1)[0].rstrip()) for line in lines)
-    source = record.manifest.get("source", {})
-    summary = (f"{mv.ref}: trained on {', '.join(source.get('devices', [])) or 'unknown'}, "
-               f"{source.get('params', 0):,} parameters, "
-               f"{human_bytes(int(source.get('size_bytes', record.size_bytes)))}")
-    rows = [summary, "", "| field | value |", "|---|---|"]
-    for line in lines:
-        label, value = line[:width].strip(), line[width + 2:].strip()
-        rows.append(f"| {label} | {value.replace('|', '/')} |")
-    return "\n".join(rows)
 
 
 # -- plumbing -----------------------------------------------------------------------------------

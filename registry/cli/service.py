@@ -115,10 +115,15 @@ def mlflow() -> None:
 @click.pass_context
 def mlflow_sync(ctx: click.Context, full: bool) -> None:
     """Mirror new, changed and deleted versions into MLflow (MLFLOW_TRACKING_URI, else
-    $REGISTRY_HOME/mlflow.db). Safe to run any number of times."""
+    $REGISTRY_HOME/mlflow.db), and put back what was edited in MLflow's UI. Safe to run any
+    number of times."""
     report = _sync(ctx, full=full)
+    repaired = report.get("repaired", {})  # a server older than the repair sends none
     click.echo(f"mlflow {report['tracking_uri']}: mirrored {len(report['mirrored'])}, removed "
-               f"{len(report['removed'])}, unchanged {report['unchanged']}")
+               f"{len(report['removed'])}, unchanged {report['unchanged']}, repaired "
+               f"{len(repaired)}")
+    for what, changes in repaired.items():
+        click.echo(f"repaired {what}: {', '.join(changes)} (edited in MLflow)")
 
 
 def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:

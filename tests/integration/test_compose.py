@@ -95,6 +95,15 @@ def _published(service: dict[str, Any]) -> dict[int, int]:
     return ports
 
 
+def _host_addresses(service: dict[str, Any]) -> dict[int, str]:
+    """container port -> the host address it is published on ("" for every interface)."""
+    addresses = {}
+    for spec in service.get("ports", []):
+        parts = str(spec).split(":")
+        addresses[int(parts[-1])] = parts[-3] if len(parts) == 3 else ""
+    return addresses
+
+
 def _command(service: dict[str, Any]) -> str:
     command = service.get("command", "")
     return command if isinstance(command, str) else " ".join(command)
@@ -269,4 +278,6 @@ def test_mlflow_has_its_own_database_and_artifacts_on_minio(compose: dict[str, A
     command = _command(services["mlflow"])
     assert "--port 5000" in command and "MLFLOW_BACKEND_STORE_URI" in command
     assert 5000 in _published(services["mlflow"])
+    # The UI has no login and can edit the mirror: published on loopback only.
+    assert _host_addresses(services["mlflow"]) == {5000: "127.0.0.1"}
     assert "mlflow:*" in env["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")

@@ -16,7 +16,8 @@ import pytest
 import registry
 from registry.errors import MlflowUnavailableError
 from registry.mirror_mlflow import _create_aligned, sync
-from tests.helpers import clean_env, run_cli, trained_mlp
+from registry.mlflow_view import version_tags
+from tests.helpers import MLP, clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
     Service,
     free_port,
@@ -85,8 +86,10 @@ def test_server_mirrors_versions_tags_and_aliases(mlflow_server: Service, tmp_pa
             assert tags["registry.dtypes"] == "float32,int64"
             assert tags["registry.wrapping"] == "none"
             assert tags["registry.params"] == str(second.metadata["source"]["params"])
-            assert tags["registry.blob_uri"].startswith("file://")
-            assert tags["registry.blob_uri"].endswith(second.digest[7:])
+            # The store object by its key: the server's own paths stay out of MLflow's tags.
+            assert tags["registry.blob_key"] == f"blobs/sha256/{second.digest[7:]}"
+            assert "registry.blob_uri" not in tags
+            assert not [v for v in tags.values() if str(tmp_path) in v]
             # A tracking server refuses local-path sources without a run; the ref stands in.
             assert mv["source"] == "registry:/mirrored/v2"
             assert "| trained on | cpu |" in mv["description"]
@@ -145,7 +148,7 @@ def test_sync_is_incremental_idempotent_and_follows_deletions(mlflow_server: Ser
     assert down.stderr.count("\n") == 1  # one line, no traceback
     live = clean_env(home, MLFLOW_TRACKING_URI=mlflow_server.url)
     first = run_cli("mlflow", "sync", env=live, check=True)
-    assert "mirrored 2, removed 0, unchanged 0" in first.stdout
+    assert "mirrored 2, removed 0, unchanged 0, repaired 0" in first.stdout
     assert _version(mlflow_server, "synced", 1) is None
     assert _version(mlflow_server, "synced", 2)["tag_map"]["registry.ref"] == "synced:v2"
     assert _version(mlflow_server, "synced", 3)["tag_map"]["registry.ref"] == "synced:v3"
@@ -160,15 +163,103 @@ def test_sync_is_incremental_idempotent_and_follows_deletions(mlflow_server: Ser
         assert (after.mirrored, after.removed, after.unchanged) == ([], ["synced:v2"], 1)
         assert _version(mlflow_server, "synced", 2) is None
         assert _version(mlflow_server, "synced", 3) is not None
-        # --full repairs MLflow after someone edited it by hand.
+        # --full repairs MLflow after someone edited it by hand, keeping the numbers: v3 comes
+        # back as MLflow version 3 (the registered model is recreated), never as version 4.
         from mlflow import MlflowClient
 
         MlflowClient(mlflow_server.url, mlflow_server.url).delete_model_version("synced", "3")
         repaired = sync(reg.backend, mlflow_server.url, full=True)  # type: ignore[arg-type]
-        assert repaired.mirrored == ["synced:v3"]
-        assert _version(mlflow_server, "synced", 4)["tag_map"]["registry.ref"] == "synced:v3"
+        assert repaired.repaired == {"synced:v3": ["restored"]}
+        assert _version(mlflow_server, "synced", 3)["tag_map"]["registry.ref"] == "synced:v3"
+        assert _version(mlflow_server, "synced", 4) is None
+        assert _aliases(mlflow_server, "synced") == {"staging": "3"}
     finally:
         reg.close()
+
+
+def test_an_incremental_sync_puts_back_what_was_edited_in_the_mlflow_ui(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    reg = registry.Registry(home=tmp_path / "home")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        reg.push(trained_mlp(0), "edited", tags={"dataset": "toy"}, factory=MLP)
+        reg.push(trained_mlp(1), "edited", aliases=["production"], factory=MLP)
+        reg.push(trained_mlp(2), "edited", factory=MLP)
+        reg.export("edited:v1", format="pt2", input_shapes=[(2, 8)])
+        first = sync(reg.backend, uri)  # type: ignore[arg-type]
+        assert first.mirrored == ["edited:v1", "edited:v2", "edited:v3"]
+        assert first.repaired == {}
+        v1 = client.get_model_version("edited", "1")
+        assert "| export pt2 | inputs 2x8, cpu/float32, " in v1.description  # exports listed
+        assert "| exports | - |" in client.get_model_version("edited", "2").description
+        expected = {v: dict(client.get_model_version("edited", str(v)).tags) for v in (1, 2, 3)}
+        descriptions = {v: client.get_model_version("edited", str(v)).description
+                        for v in (1, 2, 3)}
+        for tags in expected.values():  # no absolute path of the registry's host in any tag
+            assert not [v for v in tags.values() if str(tmp_path) in v]
+            assert tags["registry.blob_key"].startswith("blobs/sha256/")
+
+        # Someone edits the "read-only view" in the UI.
+        client.set_model_version_tag("edited", "1", "dataset", "other")
+        client.delete_model_version_tag("edited", "2", "registry.digest")
+        client.set_model_version_tag("edited", "2", "note", "added in the UI")
+        client.update_model_version("edited", "3", description="edited in the UI")
+        client.set_registered_model_alias("edited", "production", "3")
+        client.set_registered_model_alias("edited", "rogue", "1")
+        client.update_registered_model("edited", description="edited too")
+
+        report = sync(reg.backend, uri)  # type: ignore[arg-type]
+        assert (report.mirrored, report.removed, report.unchanged) == ([], [], 3)
+        assert report.repaired == {
+            "edited:v1": ["tags"],
+            "edited:v2": ["tags", "alias production"],
+            "edited:v3": ["description"],
+            "edited@rogue": ["alias removed"],
+            "edited": ["model description"],
+        }
+        assert {v: dict(client.get_model_version("edited", str(v)).tags)
+                for v in (1, 2, 3)} == expected
+        assert client.get_model_version("edited", "3").description == descriptions[3]
+        assert {a: int(v) for a, v in client.get_registered_model("edited").aliases.items()} \
+            == {"production": 2}
+        assert sync(reg.backend, uri).repaired == {}  # type: ignore[arg-type]
+
+        # A version deleted in the UI comes back under its own number.
+        client.delete_model_version("edited", "2")
+        restored = sync(reg.backend, uri)  # type: ignore[arg-type]
+        assert restored.repaired == {"edited:v2": ["restored"]}
+        shown = {int(m.version): m.tags["registry.ref"]
+                 for m in client.search_model_versions("name='edited'")}
+        assert shown == {1: "edited:v1", 2: "edited:v2", 3: "edited:v3"}
+        assert dict(client.get_model_version("edited", "2").tags) == expected[2]
+        assert {a: int(v) for a, v in client.get_registered_model("edited").aliases.items()} \
+            == {"production": 2}
+        # And so does a whole registered model deleted there.
+        client.delete_registered_model("edited")
+        again = sync(reg.backend, uri)  # type: ignore[arg-type]
+        assert sorted(again.repaired) == ["edited:v1", "edited:v2", "edited:v3"]
+        assert sorted(int(m.version) for m in client.search_model_versions("name='edited'")) \
+            == [1, 2, 3]
+        assert sync(reg.backend, uri).repaired == {}  # type: ignore[arg-type]
+    finally:
+        reg.close()
+
+
+def test_version_tags_name_store_objects_by_key_not_by_host_path(tmp_path: Path) -> None:
+    reg = registry.Registry(home=tmp_path / "home")
+    try:
+        mv = reg.push(trained_mlp(), "keyed")
+        record = reg.backend.resolve(registry.parse_ref("keyed:v1"))
+    finally:
+        reg.close()
+    local = version_tags(record, f"file://{tmp_path}/home/objects/blobs/sha256/{mv.digest[7:]}")
+    assert local["registry.blob_key"] == f"blobs/sha256/{mv.digest[7:]}"
+    assert "registry.blob_uri" not in local
+    assert not [v for v in local.values() if str(tmp_path) in v]
+    remote = version_tags(record, f"s3://bucket/registry/blobs/sha256/{mv.digest[7:]}")
+    assert remote["registry.blob_uri"] == f"s3://bucket/registry/blobs/sha256/{mv.digest[7:]}"
 
 
 def test_embedded_sync_goes_to_registry_home(tmp_path: Path) -> None:

@@ -1,0 +1,102 @@
+"""What a mirrored version looks like in MLflow's Model Registry: its tags and its description,
+and the registered model's own description.
+
+Pure functions of a catalog record and its export records, so a sync can compare them with what
+MLflow shows and put back whatever was edited in the UI (``mirror_mlflow.py``). Tags name store
+objects by their store-relative key; a store URI appears only when it is not a path on the
+server's disk.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import manifest as mf
+from .catalog.records import VersionRecord
+from .display import human_bytes, version_table
+from .files import weight_files
+from .manifest import ModelVersion
+
+_TAG_KEY_RE = re.compile(r"[^\w.\- /]")
+MODEL_TAGS = {"registry.mirrored": "true"}
+
+
+def source_key(record: VersionRecord) -> str:
+    """The store key MLflow's ``source`` points at: the weights blob of a one-shard version,
+    else the version's manifest (which lists its shards)."""
+    shards = weight_files(record.manifest)
+    if len(shards) == 1:
+        return mf.blob_key(shards[0].digest)
+    return mf.manifest_key(record.name, record.version)
+
+
+def export_formats(exports: Sequence[Mapping[str, Any]]) -> list[str]:
+    return sorted({str(e["format"]) for e in exports})
+
+
+def version_tags(record: VersionRecord, source: str,
+                 exports: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+    """Our tags (keys MLflow accepts) plus registry.* facts about where the weights came from.
+    ``source`` is the store URI of :func:`source_key`: a ``file:`` URI is a path on the
+    registry's host and stays out of the tags (``registry.blob_key`` names the object)."""
+    meta = record.manifest.get("source", {})
+    dtypes = meta.get("dtypes", {})
+    tags = {_TAG_KEY_RE.sub("_", k)[:250]: v[:5000] for k, v in record.tags.items()}
+    tags.update({
+        "registry.ref": f"{record.name}:v{record.version}",
+        "registry.digest": record.digest,
+        "registry.devices": ",".join(meta.get("devices", [])) or "unknown",
+        "registry.dtypes": ",".join(dtypes) if isinstance(dtypes, dict) else str(dtypes),
+        "registry.wrapping": ",".join(meta.get("wrapping", [])) or "none",
+        "registry.precision": str(meta.get("precision") or "-"),
+        "registry.params": str(meta.get("params", 0)),
+        "registry.size": human_bytes(int(meta.get("size_bytes", record.size_bytes))),
+        "registry.size_bytes": str(meta.get("size_bytes", record.size_bytes)),
+        "registry.shards": str(len(record.manifest.get("files", ()))),
+        "registry.blob_key": source_key(record),
+    })
+    if not source.startswith("file:"):
+        tags["registry.blob_uri"] = source
+    if exports:
+        tags["registry.exports"] = ",".join(export_formats(exports))
+    return tags
+
+
+def describe(record: VersionRecord, exports: Sequence[Mapping[str, Any]] = ()) -> str:
+    """A Markdown table of the ``registry show`` facts and the version's exports (MLflow renders
+    descriptions)."""
+    mv = ModelVersion(record.name, record.version, record.digest, dict(record.tags),
+                      list(record.aliases), {**record.manifest, "tags": dict(record.tags)})
+    lines = version_table(mv).splitlines()
+    width = max(len(line.split("  ", 1)[0].rstrip()) for line in lines)
+    source = record.manifest.get("source", {})
+    summary = (f"{mv.ref}: trained on {', '.join(source.get('devices', [])) or 'unknown'}, "
+               f"{source.get('params', 0):,} parameters, "
+               f"{human_bytes(int(source.get('size_bytes', record.size_bytes)))}")
+    rows = [summary, "", "| field | value |", "|---|---|"]
+    for line in lines:
+        label, value = line[:width].strip(), line[width + 2:].strip()
+        rows.append(f"| {label} | {value.replace('|', '/')} |")
+    rows += [f"| export {e['format']} | {_export_row(e)} |"
+             for e in sorted(exports, key=lambda e: (str(e["format"]), str(e["digest"])))]
+    if not exports:
+        rows.append("| exports | - |")
+    return "\n".join(rows)
+
+
+def _export_row(export: Mapping[str, Any]) -> str:
+    params = export.get("params", {})
+    shapes = ", ".join("x".join(str(d) for d in i.get("shape", []))
+                       for i in params.get("inputs", []))
+    dynamic = ", dynamic batch" if params.get("dynamic_batch") else ""
+    dtype = params.get("compute_dtype", params.get("dtype"))
+    return (f"inputs {shapes or '-'}{dynamic}, {params.get('device')}/{dtype}, "
+            f"{human_bytes(int(export.get('size', 0)))}, max_abs_diff "
+            f"{float(export.get('max_abs_diff', 0)):.3g}, {str(export['digest'])[:19]}")
+
+
+def model_description(name: str) -> str:
+    return (f"Mirrored from the PyTorch registry: pull with `registry.pull(\"{name}:vN\")`. "
+            "Edits made here are put back by the next `registry mlflow sync`.")
