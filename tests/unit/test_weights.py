@@ -173,4 +173,4 @@ def test_a_failed_shard_write_leaves_no_file(tmp_path: Path) -> None:
 
 def test_manifest_validation_knows_exactly_the_dtypes_the_writer_stores() -> None:
     # manifest.py spells the names out so that validating a manifest imports no torch.
-    assert STORED_DTYPES == {str(d).removeprefix("torch.") for d in DTYPE_CODES}
+    assert {str(d).removeprefix("torch.") for d in DTYPE_CODES} == STORED_DTYPES
