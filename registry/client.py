@@ -18,7 +18,7 @@ from . import manifest as mf
 from . import materialize as mat
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, RefError, SettingsError
+from .errors import RefError, SettingsError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
 from .gc import GcReport
@@ -26,6 +26,7 @@ from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
+from .record_check import checked as _checked
 from .refs import (
     Ref,
     parse,
@@ -398,38 +399,6 @@ def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> Mo
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                         list(record.aliases), metadata)
-
-
-# Manifest texts that passed mf.validate in this process: a record parsed from one of them
-# holds the same manifest, so only the checks against the record itself run again (0.1 ms of a
-# small pull). Bounded in count and characters; cleared when full.
-_VALID_TEXTS: dict[str, None] = {}
-_MAX_VALID_TEXTS = 32
-_MAX_VALID_CHARS = 16_000_000
-
-
-def _checked(record: VersionRecord) -> VersionRecord:
-    """``record`` once its manifest passed the schema and names the digest the catalog shows:
-    a manifest edited to list other files is refused before a byte is read."""
-    origin = f"{record.name}:v{record.version}"
-    text = record.manifest_text
-    if text is None or text not in _VALID_TEXTS:
-        mf.validate(record.manifest, origin=origin)
-        if text is not None:
-            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS \
-                    or sum(map(len, _VALID_TEXTS)) + len(text) > _MAX_VALID_CHARS:
-                _VALID_TEXTS.clear()
-            _VALID_TEXTS[text] = None
-    manifest = record.manifest
-    if manifest["name"] != record.name or manifest["version"] != record.version:
-        raise DigestMismatchError(f"the manifest of {origin} describes {manifest['name']}:v"
-                                  f"{manifest['version']}; it was not used")
-    if manifest["digest"] != record.digest:
-        raise DigestMismatchError(
-            f"{origin} is recorded with digest {record.digest} but its manifest lists files "
-            f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
-            "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
-    return record
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
