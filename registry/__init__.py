@@ -16,6 +16,7 @@ from ._api import (
     delete_version,
     export,
     gc,
+    import_oci,
     list_exports,
     list_models,
     list_versions,
@@ -24,6 +25,7 @@ from ._api import (
     pull_files,
     pull_state_dict,
     push,
+    push_oci,
     save_pretrained,
     set_alias,
     set_tags,
@@ -39,11 +41,14 @@ from .errors import (
     DtypeError,
     ExportError,
     ForbiddenError,
+    InsecureTransportError,
     ManifestError,
     MissingBlobError,
     MlflowUnavailableError,
     NormalizationError,
     NotFoundError,
+    OciArtifactError,
+    OciUnavailableError,
     RefError,
     RegistryError,
     SchemaOutOfDateError,
@@ -59,6 +64,7 @@ from .errors import (
 from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
+from .oci.results import OciPush
 from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
@@ -76,12 +82,16 @@ __all__ = [
     "ExportError",
     "ForbiddenError",
     "GcReport",
+    "InsecureTransportError",
     "ManifestError",
     "MissingBlobError",
     "MlflowUnavailableError",
     "ModelVersion",
     "NormalizationError",
     "NotFoundError",
+    "OciArtifactError",
+    "OciPush",
+    "OciUnavailableError",
     "Ref",
     "RefError",
     "Registry",
@@ -101,6 +111,7 @@ __all__ = [
     "delete_version",
     "export",
     "gc",
+    "import_oci",
     "list_exports",
     "list_models",
     "list_versions",
@@ -110,6 +121,7 @@ __all__ = [
     "pull_files",
     "pull_state_dict",
     "push",
+    "push_oci",
     "save_pretrained",
     "set_alias",
     "set_tags",

@@ -24,6 +24,7 @@ from .files import weight_files, weights_digest
 from .gc import GcReport
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
+from .oci.results import OciPush
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
 from .record_check import checked as _checked
@@ -208,6 +209,11 @@ class Registry:
         ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
         to the module's device and dtype and returns outputs where the inputs came from.
         """
+        if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
+            from .oci.door import opened
+            with opened(ref, self.settings) as (record, fetch):
+                return self._pull(_checked(record), device, dtype, model, device_map,
+                                  max_memory, no_split, align_inputs, fetch)
         record = _checked(self._backend.resolve(parse(ref)))
         return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
                           align_inputs)
@@ -215,7 +221,7 @@ class Registry:
     def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
               model: mat.ModelSpec, device_map: DeviceMap,
               max_memory: Mapping[str, int | str] | None, no_split: NoSplit,
-              align_inputs: bool) -> nn.Module:
+              align_inputs: bool, fetch: Any = None) -> nn.Module:
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
@@ -232,7 +238,7 @@ class Registry:
         placed = placement.plan(module, manifest, device=device, device_map=device_map,
                                 max_memory=max_memory, no_split=no_split, dtype=requested,
                                 facts=facts)
-        state = self._read(record, placed.device_of, policy, tied)
+        state = self._read(record, placed.device_of, policy, tied, fetch)
         mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
         architectures.retie(module)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
@@ -281,7 +287,7 @@ class Registry:
         return ordered_state(state, manifest)
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
-              tied: dict[str, str]) -> dict[str, torch.Tensor]:
+              tied: dict[str, str], fetch: Any = None) -> dict[str, torch.Tensor]:
         """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
         fetched into the verified cache side by side, and each is loaded as soon as it is
         verified while the others still arrive."""
@@ -290,7 +296,8 @@ class Registry:
         out: dict[str, torch.Tensor] = {}
         # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
         stagings = Stagings(prefault_threads=self.settings.prefault_threads)
-        for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
+        fetch = fetch or self._backend.blob_path  # an OCI pull's: its layers, verified
+        for shard, path in as_ready(lambda f: fetch(f.digest, f.size),
                                     weight_files(record.manifest)):
             loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
                                 origin=origin, stagings=stagings)
@@ -302,6 +309,32 @@ class Registry:
         for alias, kept in tied.items():
             out[alias] = out[kept]
         return out
+
+    def push_oci(self, ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
+        """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack
+        artifact whose layers are its blobs, sending only layers the OCI registry lacks; plain
+        HTTP goes only to loopback unless ``plain_http`` (registry/oci)."""
+        from .oci.door import push
+
+        return push(_checked(self._backend.resolve(parse(ref))), target, self.settings,
+                    self._backend.blob_path, plain_http=plain_http)
+
+    def import_oci(self, source: str, name: str | None = None, *, plain_http: bool = False,
+                   tags: Mapping[str, str] | None = None,
+                   aliases: Iterable[str] = ()) -> ModelVersion:
+        """Import the OCI artifact ``source`` as a new version of ``name`` (default: its own);
+        its blobs keep their digests, another producer's artifact is normalized like a
+        checkpoint directory (registry/oci)."""
+        from .oci.door import import_artifact
+
+        tag_map, alias_list = cast(dict[str, str], validate_tags(tags)), validate_aliases(aliases)
+        done = import_artifact(
+            source, None if name is None else validate_name(name), self.settings,
+            self._backend.staging_dir(), self._backend.push,
+            lambda d, n: self.push(d, n, tags=tag_map, aliases=alias_list),
+            plain_http=plain_http, tags=tag_map, aliases=alias_list)
+        return done if isinstance(done, ModelVersion) else _version(done.record,
+                                                                    push=done.report())
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -1,0 +1,273 @@
+"""The HTTP half of the OCI door: one registry host spoken to through httpx, by the rules of the
+distribution spec (HEAD, mount, chunked uploads, manifests, blob downloads).
+
+Every URL (the registry's, each redirect's, each upload Location, each token realm) passes
+``refs.check_url`` first; ``Authorization`` never follows a redirect to another host; a 5xx or
+a broken connection becomes :class:`OciUnavailableError`, a 401/403 the typed auth errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import NotFoundError, OciUnavailableError, quoted
+from ..settings import OciCredential
+from .auth import Authenticator
+from .refs import OciRef, check_url
+
+CHUNK_BYTES = 32 * 2**20  # one PATCH of a chunked upload
+READ_BYTES = 1 << 20
+MAX_REDIRECTS = 5
+UPLOAD_ATTEMPTS = 3
+MAX_MANIFEST_BYTES = 4 * 2**20  # what the distribution registry itself accepts
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+class OciClient:
+    """One registry host and repository; thread-safe for parallel blob transfers."""
+
+    def __init__(self, ref: OciRef, *, credential: OciCredential | None = None,
+                 ca_bundle: Path | None = None, timeout: float = 60.0) -> None:
+        self.ref = ref
+        verify: ssl.SSLContext | bool = True
+        if ca_bundle is not None:
+            verify = ssl.create_default_context(cafile=str(ca_bundle))
+        self._http = httpx.Client(verify=verify, follow_redirects=False, trust_env=False,
+                                  timeout=httpx.Timeout(timeout, connect=10.0),
+                                  limits=httpx.Limits(max_connections=16))
+        self.auth = Authenticator(ref.host, credential, self._token_request)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> OciClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def url(self, path: str, repository: str | None = None) -> str:
+        return f"{self.ref.base_url}/v2/{repository or self.ref.repository}/{path}"
+
+    def scope(self, action: str, repository: str | None = None) -> str:
+        return f"repository:{repository or self.ref.repository}:{action}"
+
+    def _token_request(self, realm: str, params: dict[str, str],
+                       headers: dict[str, str]) -> httpx.Response:
+        check_url(realm, self.ref, what="token realm")
+        try:
+            return self._http.get(realm, params=params, headers=headers)
+        except httpx.HTTPError as exc:
+            raise OciUnavailableError(f"the token service {quoted(realm, 120)} of "
+                                      f"{self.ref.host} cannot be reached: {exc}") from None
+
+    @contextmanager
+    def request(self, method: str, url: str, *, scope: str, headers: dict[str, str] | None = None,
+                content: bytes | None = None, ok: tuple[int, ...] = (200,),
+                stream: bool = False) -> Iterator[httpx.Response]:
+        """Send with auth (answering one 401), following GET/HEAD redirects by the transport
+        rule; yields the response whose status is in ``ok`` (else a typed error)."""
+        response = self._send(method, url, scope, headers or {}, content, stream)
+        try:
+            if response.status_code not in ok:
+                if stream:
+                    response.read()
+                raise self._error(method, url, response)
+            yield response
+        finally:
+            response.close()
+
+    def _send(self, method: str, url: str, scope: str, headers: dict[str, str],
+              content: bytes | None, stream: bool) -> httpx.Response:
+        answered = False
+        for _ in range(MAX_REDIRECTS + 2):
+            check_url(url, self.ref, what="URL")
+            own = urllib.parse.urlsplit(url).netloc.lower() == self.ref.host
+            sent = {**headers, **(self.auth.headers(scope) if own else {})}
+            try:
+                request = self._http.build_request(method, url, headers=sent, content=content)
+                response = self._http.send(request, stream=stream)
+            except httpx.HTTPError as exc:
+                raise OciUnavailableError(f"OCI registry {self.ref.host} cannot be reached "
+                                          f"({method} {quoted(url, 120)}): {exc}") from None
+            if response.status_code == 401 and own and not answered:
+                response.read()
+                response.close()
+                self.auth.answer(response.headers.get("www-authenticate"), scope, 401)
+                answered = True
+                continue
+            if response.status_code in (301, 302, 303, 307, 308) \
+                    and method in ("GET", "HEAD") and "location" in response.headers:
+                response.close()
+                url = urllib.parse.urljoin(url, response.headers["location"])
+                continue
+            return response
+        raise OciUnavailableError(f"OCI registry {self.ref.host} redirected {method} "
+                                  f"{quoted(url, 120)} more than {MAX_REDIRECTS} times")
+
+    def _error(self, method: str, url: str, response: httpx.Response) -> Exception:
+        status = response.status_code
+        detail = _registry_message(response)
+        if status in (401, 403):
+            return self.auth.refused(status, f"{method} answered {status}{detail}")
+        if status == 404:
+            return NotFoundError(f"{self.ref} not found on {self.ref.host} ({method} answered "
+                                 f"404{detail}); check the repository, tag or digest")
+        return OciUnavailableError(f"OCI registry {self.ref.host} answered {status} to {method} "
+                                   f"{quoted(urllib.parse.urlsplit(url).path, 120)}{detail}; "
+                                   "nothing was kept, try again")
+
+    # -- blobs ------------------------------------------------------------------------------
+
+    def blob_size(self, digest: str) -> int | None:
+        """The size the registry holds ``digest`` at in this repository (HEAD), or None."""
+        with self.request("HEAD", self.url(f"blobs/{digest}"), scope=self.scope("pull"),
+                          ok=(200, 404)) as r:
+            if r.status_code == 404:
+                return None
+            return int(r.headers.get("content-length", -1))
+
+    def mount(self, digest: str, source: str) -> str | None:
+        """Ask the registry to link ``digest`` from repository ``source``; None when it did
+        (201), else the upload session it opened instead (202: mounting unsupported or the
+        source lacks the blob)."""
+        url = self.url("blobs/uploads/") + "?" + urllib.parse.urlencode(
+            {"mount": digest, "from": source})
+        scope = f"{self.scope('pull,push')} {self.scope('pull', source)}"
+        with self.request("POST", url, scope=scope, ok=(201, 202)) as r:
+            return None if r.status_code == 201 else self._location(r)
+
+    def start_upload(self) -> str:
+        with self.request("POST", self.url("blobs/uploads/"), scope=self.scope("pull,push"),
+                          ok=(202,), headers={"content-length": "0"}) as r:
+            return self._location(r)
+
+    def _location(self, response: httpx.Response) -> str:
+        location = response.headers.get("location")
+        if not location:
+            raise OciUnavailableError(f"OCI registry {self.ref.host} opened an upload without "
+                                      "a Location")
+        return check_url(urllib.parse.urljoin(str(response.request.url), location), self.ref,
+                         what="upload location")
+
+    def upload(self, digest: str, path: Path, size: int, *, session: str | None = None,
+               progress: Callable[[int], None] = lambda _n: None,
+               chunk: int = CHUNK_BYTES) -> None:
+        """Upload the file at ``path`` as blob ``digest`` in PATCH chunks; a chunk that fails
+        is resumed from the offset the registry reports (``GET`` on the session)."""
+        location = session or self.start_upload()
+        offset, attempts = 0, 0
+        scope = self.scope("pull,push")
+        with open(path, "rb") as fh:
+            while offset < size:
+                fh.seek(offset)
+                data = fh.read(min(chunk, size - offset))
+                try:
+                    with self.request("PATCH", location, scope=scope, content=data, ok=(202,),
+                                      headers={"content-type": "application/octet-stream",
+                                               "content-range":
+                                                   f"{offset}-{offset + len(data) - 1}"}) as r:
+                        location = self._location(r)
+                    offset += len(data)
+                    progress(len(data))
+                except OciUnavailableError:
+                    attempts += 1
+                    if attempts >= UPLOAD_ATTEMPTS:
+                        raise
+                    offset = self._resume_offset(location, offset, progress)
+        sep = "&" if urllib.parse.urlsplit(location).query else "?"
+        with self.request("PUT", f"{location}{sep}digest={digest}", scope=scope, ok=(201,),
+                          headers={"content-length": "0"}):
+            pass
+
+    def _resume_offset(self, location: str, offset: int,
+                       progress: Callable[[int], None]) -> int:
+        with self.request("GET", location, scope=self.scope("pull,push"), ok=(204,)) as r:
+            _first, _, last = r.headers.get("range", "0--1").partition("-")
+            done = int(last) + 1 if last.lstrip("-").isdigit() else 0
+        progress(done - offset)
+        return max(done, 0)
+
+    def download(self, digest: str, size: int, dest: Path,
+                 progress: Callable[[int], None] = lambda _n: None) -> str:
+        """Write blob ``digest`` to ``dest``, hashing as it arrives; refuse a byte past
+        ``size`` (the declared size) or a short body. Returns the sha256 of what was written."""
+        sha = hashlib.sha256()
+        written = 0
+        with self.request("GET", self.url(f"blobs/{digest}"), scope=self.scope("pull"),
+                          stream=True) as r, open(dest, "wb") as out:
+            try:
+                for piece in r.iter_bytes(READ_BYTES):
+                    written += len(piece)
+                    if written > size:
+                        raise OciUnavailableError(
+                            f"OCI registry {self.ref.host} sent more than the {size} bytes "
+                            f"declared for layer {digest}; the download was discarded")
+                    sha.update(piece)
+                    out.write(piece)
+                    progress(len(piece))
+            except httpx.HTTPError as exc:
+                raise OciUnavailableError(f"the download of layer {digest} from "
+                                          f"{self.ref.host} broke after {written} bytes: "
+                                          f"{exc}") from None
+        if written != size:
+            raise OciUnavailableError(f"OCI registry {self.ref.host} sent {written} of the "
+                                      f"{size} bytes of layer {digest}; the download was "
+                                      "discarded")
+        return f"sha256:{sha.hexdigest()}"
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        """A small blob (a config, a manifest layer) in one PUT, unless the registry has it."""
+        if self.blob_size(digest) == len(data):
+            return
+        location = self.start_upload()
+        sep = "&" if urllib.parse.urlsplit(location).query else "?"
+        with self.request("PUT", f"{location}{sep}digest={digest}", scope=self.scope("pull,push"),
+                          content=data, ok=(201,),
+                          headers={"content-type": "application/octet-stream"}):
+            pass
+
+    # -- manifests --------------------------------------------------------------------------
+
+    def get_manifest(self, reference: str) -> tuple[bytes, str]:
+        """The manifest bytes and their media type (at most 4 MiB)."""
+        with self.request("GET", self.url(f"manifests/{reference}"), scope=self.scope("pull"),
+                          headers={"accept": ", ".join(MANIFEST_TYPES)}, stream=True) as r:
+            body = b""
+            for piece in r.iter_bytes(READ_BYTES):
+                body += piece
+                if len(body) > MAX_MANIFEST_BYTES:
+                    raise OciUnavailableError(f"the manifest {self.ref} is larger than "
+                                              f"{MAX_MANIFEST_BYTES} bytes; it was not read")
+            return body, r.headers.get("content-type", "").split(";")[0].strip()
+
+    def put_manifest(self, reference: str, body: bytes, media_type: str) -> None:
+        with self.request("PUT", self.url(f"manifests/{reference}"),
+                          scope=self.scope("pull,push"), content=body, ok=(201,),
+                          headers={"content-type": media_type}):
+            pass
+
+
+def _registry_message(response: httpx.Response) -> str:
+    """The first error the registry's JSON body names (`errors[0].message`), if any."""
+    try:
+        data: Any = response.json()
+        first = data["errors"][0]
+        return f": {quoted(first.get('code', ''), 40)} {quoted(first.get('message', ''), 160)}"
+    except Exception:
+        return ""
