@@ -167,10 +167,11 @@ class OciClient:
 
     def upload(self, digest: str, path: Path, size: int, *, session: str | None = None,
                progress: Callable[[int], None] = lambda _n: None,
-               chunk: int = CHUNK_BYTES) -> None:
+               chunk: int | None = None) -> None:
         """Upload the file at ``path`` as blob ``digest`` in PATCH chunks; a chunk that fails
         is resumed from the offset the registry reports (``GET`` on the session)."""
         location = session or self.start_upload()
+        chunk = chunk or CHUNK_BYTES
         offset, attempts = 0, 0
         scope = self.scope("pull,push")
         with open(path, "rb") as fh:
