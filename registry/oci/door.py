@@ -13,8 +13,10 @@ from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError
 from ..settings import Settings
 from .auth import credential_for
+from .modelpack import WEIGHT, Artifact
 from .pull import (
     BlobPath,
+    LayerFetcher,
     checkpoint_dir,
     fetch_all,
     fetcher,
@@ -51,12 +53,17 @@ def opened(source: str, settings: Settings, *,
     with connect(source, settings, plain_http=plain_http) as client:
         artifact, _digest = open_artifact(client, settings.cache_dir)
         blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
-        record = registry_record(artifact, blob_path, str(client.ref))
-        if record is None:
-            raise OciArtifactError(
-                f"{source} was written by another ModelPack producer; import it first (it is "
-                f"normalized like a checkpoint directory): `registry oci pull {source} NAME`")
-        yield record, blob_path
+        try:
+            blob_path.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
+            record = registry_record(artifact, blob_path, str(client.ref))
+            if record is None:
+                raise OciArtifactError(
+                    f"{source} was written by another ModelPack producer; import it first (it "
+                    "is normalized like a checkpoint directory): "
+                    f"`registry oci pull {source} NAME`")
+            yield record, blob_path
+        finally:
+            blob_path.close()
 
 
 def import_artifact(source: str, name: str | None, settings: Settings, staging: Path,
@@ -69,17 +76,28 @@ def import_artifact(source: str, name: str | None, settings: Settings, staging: 
     with connect(source, settings, plain_http=plain_http) as client:
         artifact, digest = open_artifact(client, settings.cache_dir)
         blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
-        record = registry_record(artifact, blob_path, str(client.ref))
-        if record is None:
-            blobs = fetch_all(artifact, blob_path)
-            directory = checkpoint_dir(artifact, blobs, settings.cache_dir / "oci" / "checkouts",
-                                       digest, str(client.ref))
-            try:
-                return push_directory(directory,
-                                      name or client.ref.repository.rsplit("/", 1)[-1])
-            finally:
-                shutil.rmtree(directory, ignore_errors=True)
-        staged = stage(record, blob_path, staging)
+        try:
+            return _import(artifact, digest, blob_path, client, name, settings, staging, commit,
+                           push_directory, tags, aliases)
+        finally:
+            blob_path.close()
+
+
+def _import(artifact: Artifact, digest: str, blob_path: LayerFetcher, client: OciClient,
+            name: str | None, settings: Settings, staging: Path, commit: Callable[..., Any],
+            push_directory: Callable[[Path, str], Any], tags: dict[str, str],
+            aliases: Sequence[str]) -> Any:
+    record = registry_record(artifact, blob_path, str(client.ref))
+    if record is None:
+        blobs = fetch_all(artifact, blob_path)
+        directory = checkpoint_dir(artifact, blobs, settings.cache_dir / "oci" / "checkouts",
+                                   digest, str(client.ref))
+        try:
+            return push_directory(directory,
+                                  name or client.ref.repository.rsplit("/", 1)[-1])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    staged = stage(record, blob_path, staging)
     target = name or record.name
     tag_map = {**record.tags, **tags}
     try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .. import manifest as mf
@@ -44,22 +46,49 @@ def open_artifact(client: OciClient, cache_root: Path) -> tuple[modelpack.Artifa
     return modelpack.read(body, media_type, origin=str(ref), max_bytes=free), digest
 
 
-def fetcher(client: OciClient, cache: BlobCache, artifact: modelpack.Artifact) -> BlobPath:
-    """``blob_path(digest, size)`` for the layers of ``artifact``: a verified cache path,
-    downloaded (and hashed as it arrives) only when the cache lacks it."""
-    declared = {layer.digest: layer.size for layer in artifact.layers}
+class LayerFetcher:
+    """``fetcher(digest, size)``: a verified cache path for a layer of ``artifact``, downloaded
+    (and hashed as it arrives) only when the cache lacks it. :meth:`prefetch` starts layers in
+    the background, so the weights arrive while the version's own manifest is still read; a
+    layer asked for twice is fetched once."""
 
-    def blob_path(digest: str, size: int) -> Path:
-        if declared.get(digest) != size:
-            raise OciArtifactError(f"{client.ref} has no layer {digest} of {size} bytes")
+    def __init__(self, client: OciClient, cache: BlobCache, artifact: modelpack.Artifact) -> None:
+        self.client, self.cache = client, cache
+        self.declared = {layer.digest: layer.size for layer in artifact.layers}
+        self._pool = ThreadPoolExecutor(DOWNLOAD_CONCURRENCY, thread_name_prefix="registry-oci")
+        self._started: dict[str, Future[Path]] = {}
+        self._lock = threading.Lock()
 
+    def __call__(self, digest: str, size: int) -> Path:
+        return self._start(digest, size).result()
+
+    def prefetch(self, layers: list[modelpack.Layer]) -> None:
+        for layer in layers:
+            self._start(layer.digest, layer.size)
+
+    def close(self) -> None:
+        for future in self._started.values():
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+    def _start(self, digest: str, size: int) -> Future[Path]:
+        if self.declared.get(digest) != size:
+            raise OciArtifactError(f"{self.client.ref} has no layer {digest} of {size} bytes")
+        with self._lock:
+            if digest not in self._started:
+                self._started[digest] = self._pool.submit(self._fetch, digest, size)
+            return self._started[digest]
+
+    def _fetch(self, digest: str, size: int) -> Path:
         def download(tmp: Path) -> str:
             with transfer(size, f"pull {digest[7:19]}") as progress:
-                return client.download(digest, size, tmp, progress)
+                return self.client.download(digest, size, tmp, progress)
 
-        return cache.get(digest, download)
+        return self.cache.get(digest, download)
 
-    return blob_path
+
+def fetcher(client: OciClient, cache: BlobCache, artifact: modelpack.Artifact) -> LayerFetcher:
+    return LayerFetcher(client, cache, artifact)
 
 
 def registry_record(artifact: modelpack.Artifact, blob_path: BlobPath,

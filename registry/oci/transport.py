@@ -8,6 +8,7 @@ a broken connection becomes :class:`OciUnavailableError`, a 401/403 the typed au
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ssl
 import urllib.parse
@@ -42,10 +43,8 @@ class OciClient:
     def __init__(self, ref: OciRef, *, credential: OciCredential | None = None,
                  ca_bundle: Path | None = None, timeout: float = 60.0) -> None:
         self.ref = ref
-        verify: ssl.SSLContext | bool = True
-        if ca_bundle is not None:
-            verify = ssl.create_default_context(cafile=str(ca_bundle))
-        self._http = httpx.Client(verify=verify, follow_redirects=False, trust_env=False,
+        self._http = httpx.Client(verify=_tls_context(ca_bundle), follow_redirects=False,
+                                  trust_env=False,
                                   timeout=httpx.Timeout(timeout, connect=10.0),
                                   limits=httpx.Limits(max_connections=16))
         self.auth = Authenticator(ref.host, credential, self._token_request)
@@ -262,6 +261,15 @@ class OciClient:
                           scope=self.scope("pull,push"), content=body, ok=(201,),
                           headers={"content-type": media_type}):
             pass
+
+
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca_bundle: Path | None) -> ssl.SSLContext:
+    """The system's CAs, or those of ``REGISTRY_OCI_CA_BUNDLE``; built once per process (loading
+    a CA bundle costs tens of milliseconds, a pull of a small model less)."""
+    if ca_bundle is None:
+        return httpx.create_ssl_context()
+    return ssl.create_default_context(cafile=str(ca_bundle))
 
 
 def _registry_message(response: httpx.Response) -> str:
