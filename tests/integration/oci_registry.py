@@ -67,7 +67,56 @@ def htpasswd_line(user: str, password: str) -> str:
     return f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()}"
 
 
-def start(workdir: Path, *, users: dict[str, str] | None = None) -> OciRegistry:
+def non_loopback_address() -> str:
+    """An IPv4 address of this machine that is not loopback (a TLS registry is bound there:
+    the client speaks plain HTTP to loopback hosts)."""
+    found = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    for address in found:
+        if address.count(".") == 3 and not address.startswith("127."):
+            return address
+    require_service("a non-loopback address", "`hostname -I` lists no IPv4 address")
+    raise AssertionError("unreachable")
+
+
+def tls_files(workdir: Path, address: str) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for ``address``: (ca.pem, cert.pem, key.pem)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "registry test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = (workdir / "ca.pem", workdir / "cert.pem", workdir / "key.pem")
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def start(workdir: Path, *, users: dict[str, str] | None = None, address: str = "127.0.0.1",
+          tls: tuple[Path, Path] | None = None) -> OciRegistry:
     exe = shutil.which(BINARY)
     if exe is None:
         require_service("distribution registry", f"{BINARY} not found "
@@ -85,18 +134,19 @@ def start(workdir: Path, *, users: dict[str, str] | None = None) -> OciRegistry:
         "log:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: true\n"
         f"storage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n"
         "  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n" + auth)
+        f"http:\n  addr: {address}:{port}\n"
+        + (f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n" if tls else "") + auth)
     log = workdir / "registry.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([exe, "serve", str(config)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    server = OciRegistry(f"127.0.0.1:{port}", proc, log, workdir / "data")
+    server = OciRegistry(f"{address}:{port}", proc, log, workdir / "data")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             require_service("distribution registry", f"it exited with {proc.returncode}: "
                                                      f"{log.read_text(errors='replace')[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        with contextlib.suppress(OSError), socket.create_connection((address, port), 0.2):
             return server
         time.sleep(0.05)
     server.stop()

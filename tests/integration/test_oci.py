@@ -16,6 +16,7 @@ import registry
 from registry import Registry
 from registry.files import version_files
 from registry.oci import modelpack
+from registry.oci.refs import check_url, parse_oci_ref
 from tests.helpers import BlockLM, assert_same_state, block_lm, clean_env, run_cli
 from tests.integration import oci_registry
 from tests.integration.oci_registry import OciRegistry
@@ -229,3 +230,41 @@ def _sha(path: Path) -> str:
     from registry.digests import sha256_file
 
     return sha256_file(path)
+
+
+def test_tls_with_a_custom_ca(reg: Registry, tmp_path_factory: pytest.TempPathFactory,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry on a non-loopback address speaks HTTPS only: refused with the system's CAs,
+    trusted through REGISTRY_OCI_CA_BUNDLE."""
+    workdir = tmp_path_factory.mktemp("oci-tls")
+    address = oci_registry.non_loopback_address()
+    ca, cert, key = oci_registry.tls_files(workdir / "tls", address)
+    server = oci_registry.start(workdir / "registry", address=address, tls=(cert, key))
+    try:
+        reg.push(block_lm(), "lm", shard_size=SHARD)
+        with pytest.raises(registry.OciUnavailableError, match="cannot be reached"):
+            reg.push_oci("lm:v1", server.ref("tls/lm"))
+        monkeypatch.setenv("REGISTRY_OCI_CA_BUNDLE", str(ca))
+        done = Registry().push_oci("lm:v1", server.ref("tls/lm"))
+        assert done.ref.startswith(f"oci://{address}:") and done.uploaded == done.layers
+        pulled = Registry(home=workdir / "fresh").pull(server.ref("tls/lm", "v1"), device="cpu",
+                                                      model=BlockLM)
+        assert_same_state(pulled.state_dict(), block_lm().state_dict())
+        with pytest.raises(registry.InsecureTransportError):
+            check_url(f"http://{server.host}/v2/", parse_oci_ref(server.ref("tls/lm")),
+                      what="URL")
+    finally:
+        server.stop()
+
+
+def test_a_push_to_another_repository_mounts_instead_of_uploading(
+        reg: Registry, oci: OciRegistry) -> None:
+    mv = reg.push(block_lm(), "lm", shard_size=SHARD)
+    reg.push_oci("lm:v1", oci.ref("mount/a"))
+    before = len(oci.completed_uploads())
+    done = reg.push_oci("lm:v1", oci.ref("mount/b"))
+    files = version_files(mv.metadata)
+    assert done.mounted == len(files) + 1  # every file and the manifest layer
+    assert done.uploaded == 0
+    # only the config was sent again, the one blob the door puts whole
+    assert len(oci.completed_uploads()) - before == 1
