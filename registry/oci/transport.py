@@ -24,7 +24,9 @@ from ..settings import OciCredential
 from .auth import Authenticator
 from .refs import OciRef, check_url
 
-CHUNK_BYTES = 32 * 2**20  # one PATCH of a chunked upload
+# One PATCH of a chunked upload, streamed from the file (never held in memory); a blob no larger
+# goes in one monolithic PUT, as other clients send it.
+CHUNK_BYTES = 256 * 2**20
 READ_BYTES = 1 << 20
 MAX_REDIRECTS = 5
 UPLOAD_ATTEMPTS = 3
@@ -77,7 +79,7 @@ class OciClient:
 
     @contextmanager
     def request(self, method: str, url: str, *, scope: str, headers: dict[str, str] | None = None,
-                content: bytes | None = None, ok: tuple[int, ...] = (200,),
+                content: Body = None, ok: tuple[int, ...] = (200,),
                 stream: bool = False) -> Iterator[httpx.Response]:
         """Send with auth (answering one 401), following GET/HEAD redirects by the transport
         rule; yields the response whose status is in ``ok`` (else a typed error)."""
@@ -92,14 +94,15 @@ class OciClient:
             response.close()
 
     def _send(self, method: str, url: str, scope: str, headers: dict[str, str],
-              content: bytes | None, stream: bool) -> httpx.Response:
+              content: Body, stream: bool) -> httpx.Response:
         answered = False
         for _ in range(MAX_REDIRECTS + 2):
             check_url(url, self.ref, what="URL")
             own = urllib.parse.urlsplit(url).netloc.lower() == self.ref.host
             sent = {**headers, **(self.auth.headers(scope) if own else {})}
             try:
-                request = self._http.build_request(method, url, headers=sent, content=content)
+                body = content() if callable(content) else content  # fresh for each attempt
+                request = self._http.build_request(method, url, headers=sent, content=body)
                 response = self._http.send(request, stream=stream)
             except httpx.HTTPError as exc:
                 raise OciUnavailableError(f"OCI registry {self.ref.host} cannot be reached "
@@ -167,31 +170,43 @@ class OciClient:
     def upload(self, digest: str, path: Path, size: int, *, session: str | None = None,
                progress: Callable[[int], None] = lambda _n: None,
                chunk: int | None = None) -> None:
-        """Upload the file at ``path`` as blob ``digest`` in PATCH chunks; a chunk that fails
-        is resumed from the offset the registry reports (``GET`` on the session)."""
+        """Upload the file at ``path`` as blob ``digest``: in one streamed PUT when it fits one
+        chunk, else in streamed PATCH chunks, a failed one resumed from the offset the
+        registry reports (``GET`` on the session)."""
         location = session or self.start_upload()
         chunk = chunk or CHUNK_BYTES
-        offset, attempts = 0, 0
         scope = self.scope("pull,push")
-        with open(path, "rb") as fh:
-            while offset < size:
-                fh.seek(offset)
-                data = fh.read(min(chunk, size - offset))
+        headers = {"content-type": "application/octet-stream"}
+        if size <= chunk:
+            for attempt in range(UPLOAD_ATTEMPTS):
                 try:
-                    with self.request("PATCH", location, scope=scope, content=data, ok=(202,),
-                                      headers={"content-type": "application/octet-stream",
-                                               "content-range":
-                                                   f"{offset}-{offset + len(data) - 1}"}) as r:
-                        location = self._location(r)
-                    offset += len(data)
-                    progress(len(data))
+                    with self.request("PUT", _with_digest(location, digest), scope=scope,
+                                      content=lambda: _pieces(path, 0, size), ok=(201,),
+                                      headers={**headers, "content-length": str(size)}):
+                        progress(size)
+                        return
                 except OciUnavailableError:
-                    attempts += 1
-                    if attempts >= UPLOAD_ATTEMPTS:
+                    if attempt + 1 == UPLOAD_ATTEMPTS:
                         raise
-                    offset = self._resume_offset(location, offset, progress)
-        sep = "&" if urllib.parse.urlsplit(location).query else "?"
-        with self.request("PUT", f"{location}{sep}digest={digest}", scope=scope, ok=(201,),
+                    location = self.start_upload()
+        offset, attempts = 0, 0
+        while offset < size:
+            n = min(chunk, size - offset)
+            start = offset
+            try:
+                with self.request("PATCH", location, scope=scope,
+                                  content=lambda s=start, n=n: _pieces(path, s, n), ok=(202,),
+                                  headers={**headers, "content-length": str(n),
+                                           "content-range": f"{start}-{start + n - 1}"}) as r:
+                    location = self._location(r)
+                offset += n
+                progress(n)
+            except OciUnavailableError:
+                attempts += 1
+                if attempts >= UPLOAD_ATTEMPTS:
+                    raise
+                offset = self._resume_offset(location, offset, progress)
+        with self.request("PUT", _with_digest(location, digest), scope=scope, ok=(201,),
                           headers={"content-length": "0"}):
             pass
 
@@ -236,8 +251,7 @@ class OciClient:
         if self.blob_size(digest) == len(data):
             return
         location = self.start_upload()
-        sep = "&" if urllib.parse.urlsplit(location).query else "?"
-        with self.request("PUT", f"{location}{sep}digest={digest}", scope=self.scope("pull,push"),
+        with self.request("PUT", _with_digest(location, digest), scope=self.scope("pull,push"),
                           content=data, ok=(201,),
                           headers={"content-type": "application/octet-stream"}):
             pass
@@ -261,6 +275,26 @@ class OciClient:
                           scope=self.scope("pull,push"), content=body, ok=(201,),
                           headers={"content-type": media_type}):
             pass
+
+
+Body = bytes | Callable[[], Iterator[bytes]] | None
+
+
+def _with_digest(location: str, digest: str) -> str:
+    sep = "&" if urllib.parse.urlsplit(location).query else "?"
+    return f"{location}{sep}digest={digest}"
+
+
+def _pieces(path: Path, offset: int, length: int) -> Iterator[bytes]:
+    """``length`` bytes of ``path`` from ``offset``, read a MiB at a time as they are sent."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        while length > 0:
+            piece = fh.read(min(READ_BYTES, length))
+            if not piece:
+                raise OciUnavailableError(f"{path} ended {length} bytes early while uploading")
+            length -= len(piece)
+            yield piece
 
 
 @functools.lru_cache(maxsize=8)

@@ -167,8 +167,9 @@ def test_a_500_halfway_through_a_pull(fake: FakeOci, reg: registry.Registry) -> 
 
 
 def test_a_500_halfway_through_a_push_tags_nothing(fake: FakeOci, reg: registry.Registry) -> None:
-    reg.push({"w": torch.randn(64, 64)}, "m")
-    fake.overrides[("PATCH", "/v2/m/blobs/uploads/")] = lambda: (500, {}, b"")
+    reg.push({"w": torch.randn(64, 64), "b": torch.randn(8)}, "m", shard_size=4096)
+    answers = iter([None])  # the first upload is completed, every later one answers 500
+    fake.overrides[("PUT", "/v2/m/blobs/uploads/")] = lambda: next(answers, (500, {}, b""))
     with pytest.raises(registry.OciUnavailableError, match="500"):
         reg.push_oci("m:v1", fake.ref("m:v1"))
     assert fake.asked("PUT", "/manifests/") == []
