@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import queue
 import ssl
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -221,25 +223,48 @@ class OciClient:
     def download(self, digest: str, size: int, dest: Path,
                  progress: Callable[[int], None] = lambda _n: None) -> str:
         """Write blob ``digest`` to ``dest``, hashing as it arrives; refuse a byte past
-        ``size`` (the declared size) or a short body. Returns the sha256 of what was written."""
+        ``size`` (the declared size) or a short body. Returns the sha256 of what was written.
+
+        The socket is read on this thread while another hashes and writes (hashlib and file
+        writes release the GIL), so verifying costs little beyond the transfer itself."""
         sha = hashlib.sha256()
+        pieces: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
+        failed: list[BaseException] = []
+
+        def consume() -> None:
+            with open(dest, "wb") as out:
+                while (piece := pieces.get()) is not None:
+                    if not failed:
+                        try:
+                            sha.update(piece)
+                            out.write(piece)
+                        except BaseException as exc:  # noqa: BLE001 - raised on the caller's
+                            failed.append(exc)
+
+        worker = threading.Thread(target=consume, name="registry-oci-hash")
+        worker.start()
         written = 0
-        with self.request("GET", self.url(f"blobs/{digest}"), scope=self.scope("pull"),
-                          stream=True) as r, open(dest, "wb") as out:
-            try:
-                for piece in r.iter_bytes(READ_BYTES):
+        try:
+            with self.request("GET", self.url(f"blobs/{digest}"), scope=self.scope("pull"),
+                              headers={"accept-encoding": "identity"}, stream=True) as r:
+                for piece in r.iter_raw():
                     written += len(piece)
                     if written > size:
                         raise OciUnavailableError(
                             f"OCI registry {self.ref.host} sent more than the {size} bytes "
                             f"declared for layer {digest}; the download was discarded")
-                    sha.update(piece)
-                    out.write(piece)
+                    if failed:
+                        break
+                    pieces.put(piece)
                     progress(len(piece))
-            except httpx.HTTPError as exc:
-                raise OciUnavailableError(f"the download of layer {digest} from "
-                                          f"{self.ref.host} broke after {written} bytes: "
-                                          f"{exc}") from None
+        except httpx.HTTPError as exc:
+            raise OciUnavailableError(f"the download of layer {digest} from {self.ref.host} "
+                                      f"broke after {written} bytes: {exc}") from None
+        finally:
+            pieces.put(None)
+            worker.join()
+        if failed:
+            raise failed[0]
         if written != size:
             raise OciUnavailableError(f"OCI registry {self.ref.host} sent {written} of the "
                                       f"{size} bytes of layer {digest}; the download was "
