@@ -197,7 +197,7 @@ class OciClient:
             start = offset
             try:
                 with self.request("PATCH", location, scope=scope,
-                                  content=lambda s=start, n=n: _pieces(path, s, n), ok=(202,),
+                                  content=functools.partial(_pieces, path, start, n), ok=(202,),
                                   headers={**headers, "content-length": str(n),
                                            "content-range": f"{start}-{start + n - 1}"}) as r:
                     location = self._location(r)
