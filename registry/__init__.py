@@ -22,11 +22,14 @@ from .errors import (
     DtypeError,
     ExportError,
     ForbiddenError,
+    InsecureTransportError,
     ManifestError,
     MissingBlobError,
     MlflowUnavailableError,
     NormalizationError,
     NotFoundError,
+    OciArtifactError,
+    OciUnavailableError,
     RefError,
     RegistryError,
     SchemaOutOfDateError,
@@ -41,6 +44,7 @@ from .errors import (
 )
 from .gc import GcReport
 from .manifest import ModelVersion
+from .oci.results import OciPush
 from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
@@ -55,6 +59,7 @@ if typing.TYPE_CHECKING:
         delete_version,
         export,
         gc,
+        import_oci,
         list_exports,
         list_models,
         list_versions,
@@ -63,6 +68,7 @@ if typing.TYPE_CHECKING:
         pull_files,
         pull_state_dict,
         push,
+        push_oci,
         save_pretrained,
         set_alias,
         set_tags,
@@ -76,9 +82,9 @@ if typing.TYPE_CHECKING:
 # gc, token, db, store), never imports torch, which costs seconds.
 _LAZY = {
     **{name: "._api" for name in (
-        "default_registry", "delete_alias", "delete_version", "export", "gc", "list_exports",
-        "list_models", "list_versions", "pull", "pull_export", "pull_files", "pull_state_dict",
-        "push", "save_pretrained", "set_alias", "set_tags", "show")},
+        "default_registry", "delete_alias", "delete_version", "export", "gc", "import_oci",
+        "list_exports", "list_models", "list_versions", "pull", "pull_export", "pull_files",
+        "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias", "set_tags", "show")},
     "Registry": ".client",
     "Artifact": ".exports",
 }
@@ -110,12 +116,16 @@ __all__ = [
     "ExportError",
     "ForbiddenError",
     "GcReport",
+    "InsecureTransportError",
     "ManifestError",
     "MissingBlobError",
     "MlflowUnavailableError",
     "ModelVersion",
     "NormalizationError",
     "NotFoundError",
+    "OciArtifactError",
+    "OciPush",
+    "OciUnavailableError",
     "Ref",
     "RefError",
     "Registry",
@@ -135,6 +145,7 @@ __all__ = [
     "delete_version",
     "export",
     "gc",
+    "import_oci",
     "list_exports",
     "list_models",
     "list_versions",
@@ -144,6 +155,7 @@ __all__ = [
     "pull_files",
     "pull_state_dict",
     "push",
+    "push_oci",
     "save_pretrained",
     "set_alias",
     "set_tags",

@@ -21,6 +21,7 @@ from .exports import Artifact, ExportFormat
 from .gc import GcReport
 from .manifest import ModelVersion
 from .materialize import ModelSpec
+from .oci.results import OciPush
 from .placement import DeviceMap, NoSplit
 from .refs import Ref
 from .settings import Settings
@@ -143,3 +144,16 @@ def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
 def list_exports(ref: str | Ref) -> list[Artifact]:
     """The stored exports of ``ref``; see :meth:`Registry.list_exports`."""
     return default_registry().list_exports(ref)
+
+
+def push_oci(ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
+    """Write ``ref`` to an OCI registry as a ModelPack artifact; see :meth:`Registry.push_oci`."""
+    return default_registry().push_oci(ref, target, plain_http=plain_http)
+
+
+def import_oci(source: str, name: str | None = None, *, plain_http: bool = False,
+               tags: Mapping[str, str] | None = None,
+               aliases: Iterable[str] = ()) -> ModelVersion:
+    """Import an OCI artifact as a new version; see :meth:`Registry.import_oci`."""
+    return default_registry().import_oci(source, name, plain_http=plain_http, tags=tags,
+                                         aliases=aliases)

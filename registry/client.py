@@ -18,14 +18,16 @@ from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, RefError
+from .errors import RefError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
+from .oci.results import OciPush
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
-from .refs import Ref, parse, parse_push_target, validate_aliases, validate_tags
+from .record_check import checked as _checked
+from .refs import Ref, parse, parse_push_target, validate_aliases, validate_name, validate_tags
 from .settings import parse_size
 from .staging import Stagings
 from .statedict import ordered_state
@@ -157,6 +159,11 @@ class Registry(Versions):
         ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
         to the module's device and dtype and returns outputs where the inputs came from.
         """
+        if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
+            from .oci.door import opened
+            with opened(ref, self.settings) as (record, fetch):
+                return self._pull(_checked(record), device, dtype, model, device_map,
+                                  max_memory, no_split, align_inputs, fetch)
         record = _checked(self._backend.resolve(parse(ref)))
         return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
                           align_inputs)
@@ -164,7 +171,7 @@ class Registry(Versions):
     def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
               model: mat.ModelSpec, device_map: DeviceMap,
               max_memory: Mapping[str, int | str] | None, no_split: NoSplit,
-              align_inputs: bool) -> nn.Module:
+              align_inputs: bool, fetch: Any = None) -> nn.Module:
         manifest = record.manifest
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
@@ -181,7 +188,7 @@ class Registry(Versions):
         placed = placement.plan(module, manifest, device=device, device_map=device_map,
                                 max_memory=max_memory, no_split=no_split, dtype=requested,
                                 facts=facts)
-        state = self._read(record, placed.device_of, policy, tied)
+        state = self._read(record, placed.device_of, policy, tied, fetch)
         mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
         architectures.retie(module)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
@@ -230,7 +237,7 @@ class Registry(Versions):
         return ordered_state(state, manifest)
 
     def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
-              tied: dict[str, str]) -> dict[str, torch.Tensor]:
+              tied: dict[str, str], fetch: Any = None) -> dict[str, torch.Tensor]:
         """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
         fetched into the verified cache side by side, and each is loaded as soon as it is
         verified while the others still arrive."""
@@ -239,7 +246,8 @@ class Registry(Versions):
         out: dict[str, torch.Tensor] = {}
         # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
         stagings = Stagings(prefault_threads=self.settings.prefault_threads)
-        for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
+        fetch = fetch or self._backend.blob_path  # an OCI pull's: its layers, verified
+        for shard, path in as_ready(lambda f: fetch(f.digest, f.size),
                                     weight_files(record.manifest)):
             loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
                                 origin=origin, stagings=stagings)
@@ -251,6 +259,32 @@ class Registry(Versions):
         for alias, kept in tied.items():
             out[alias] = out[kept]
         return out
+
+    def push_oci(self, ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
+        """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack
+        artifact whose layers are its blobs, sending only layers the OCI registry lacks; plain
+        HTTP goes only to loopback unless ``plain_http`` (registry/oci)."""
+        from .oci.door import push
+
+        return push(_checked(self._backend.resolve(parse(ref))), target, self.settings,
+                    self._backend.blob_path, plain_http=plain_http)
+
+    def import_oci(self, source: str, name: str | None = None, *, plain_http: bool = False,
+                   tags: Mapping[str, str] | None = None,
+                   aliases: Iterable[str] = ()) -> ModelVersion:
+        """Import the OCI artifact ``source`` as a new version of ``name`` (default: its own);
+        its blobs keep their digests, another producer's artifact is normalized like a
+        checkpoint directory (registry/oci)."""
+        from .oci.door import import_artifact
+
+        tag_map, alias_list = cast(dict[str, str], validate_tags(tags)), validate_aliases(aliases)
+        done = import_artifact(
+            source, None if name is None else validate_name(name), self.settings,
+            self._backend.staging_dir(), self._backend.push,
+            lambda d, n: self.push(d, n, tags=tag_map, aliases=alias_list),
+            plain_http=plain_http, tags=tag_map, aliases=alias_list)
+        return done if isinstance(done, ModelVersion) else model_version(done.record,
+                                                                         push=done.report())
 
     # -- exports: the logic lives in registry/exports ----------------------------------------
 
@@ -291,36 +325,6 @@ class Registry(Versions):
 
 # -- helpers ------------------------------------------------------------------------------
 
-# Manifest texts that passed mf.validate in this process: a record parsed from one of them
-# holds the same manifest, so only the checks against the record itself run again (0.1 ms of a
-# small pull). Bounded in count and characters; cleared when full.
-_VALID_TEXTS: dict[str, None] = {}
-_MAX_VALID_TEXTS = 32
-_MAX_VALID_CHARS = 16_000_000
-
-
-def _checked(record: VersionRecord) -> VersionRecord:
-    """``record`` once its manifest passed the schema and names the digest the catalog shows:
-    a manifest edited to list other files is refused before a byte is read."""
-    origin = f"{record.name}:v{record.version}"
-    text = record.manifest_text
-    if text is None or text not in _VALID_TEXTS:
-        mf.validate(record.manifest, origin=origin)
-        if text is not None:
-            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS \
-                    or sum(map(len, _VALID_TEXTS)) + len(text) > _MAX_VALID_CHARS:
-                _VALID_TEXTS.clear()
-            _VALID_TEXTS[text] = None
-    manifest = record.manifest
-    if manifest["name"] != record.name or manifest["version"] != record.version:
-        raise DigestMismatchError(f"the manifest of {origin} describes {manifest['name']}:v"
-                                  f"{manifest['version']}; it was not used")
-    if manifest["digest"] != record.digest:
-        raise DigestMismatchError(
-            f"{origin} is recorded with digest {record.digest} but its manifest lists files "
-            f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
-            "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
-    return record
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

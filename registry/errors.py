@@ -21,7 +21,10 @@
     ├── MlflowUnavailableError (ConnectionError)
     ├── SchemaOutOfDateError                   a catalog behind the code's migrations
     ├── UnauthorizedError (PermissionError)    a missing, wrong or revoked token (HTTP 401)
-    └── ForbiddenError (PermissionError)       a token without the needed scope (HTTP 403)
+    ├── ForbiddenError (PermissionError)       a token without the needed scope (HTTP 403)
+    ├── OciUnavailableError (ConnectionError)  an OCI registry unreachable or failing (5xx)
+    │   └── InsecureTransportError             plain HTTP (or a redirect) to a non-loopback host
+    └── OciArtifactError (ManifestError)       an OCI artifact that is not a model we can use
 
 Each class has a stable ``code`` so a server can send it and a client raise the same class.
 """
@@ -202,6 +205,29 @@ class ForbiddenError(RegistryError, PermissionError):
 
     code = "forbidden"
     exit_code = 11
+
+
+class OciUnavailableError(RegistryError, ConnectionError):
+    """An OCI registry that cannot be reached, or that answered an error the client cannot
+    act on (a 5xx, an upload session lost halfway); nothing half-written is kept."""
+
+    code = "oci_unavailable"
+    exit_code = 9
+
+
+class InsecureTransportError(OciUnavailableError):
+    """Plain HTTP to (or a redirect towards) a host that is not loopback, without asking for
+    it; or a redirect that would carry credentials to another host in the clear."""
+
+    code = "insecure_transport"
+
+
+class OciArtifactError(ManifestError):
+    """An OCI manifest or layer that is not a model artifact this registry can use: an index
+    or an image instead of a ModelPack artifact, a layer of an unknown type or over the size
+    limit, an annotation that would make an unsafe path."""
+
+    code = "invalid_oci_artifact"
 
 
 def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:

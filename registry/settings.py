@@ -18,6 +18,14 @@
 | REGISTRY_PREFAULT_THREADS   | 2 (threads mapping a pull's pages)    |
 | REGISTRY_S3_PART_SIZE       | 16MiB (S3 ranged GET / upload part)   |
 | REGISTRY_S3_CONCURRENCY     | 8 (S3 parts in flight per object)     |
+| REGISTRY_OCI_AUTH           | unset: ~/.docker/config.json, else none|
+| REGISTRY_OCI_CA_BUNDLE      | unset: the system's CAs               |
+| DOCKER_CONFIG               | ~/.docker (its config.json: OCI auth) |
+
+``REGISTRY_OCI_AUTH`` holds OCI registry credentials as a JSON object keyed by ``HOST[:PORT]``,
+each entry either ``{"username": U, "password": P}``, ``{"auth": base64("U:P")}`` (the entry of
+a docker config file, copied as is) or ``{"token": T}`` (a bearer token sent as is), e.g.
+``{"ghcr.io": {"username": "me", "password": "ghp_..."}}``.
 
 Every environment variable the registry reads is read here, and only here.
 """
@@ -27,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,6 +56,16 @@ _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*
 _CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class OciCredential:
+    """Credentials for one OCI registry host (``REGISTRY_OCI_AUTH``); secrets never print."""
+
+    host: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,11 @@ class Settings:
     # Part size and parts in flight of one S3 transfer (uploads and ranged GETs alike).
     s3_part_size: int = DEFAULT_S3_PART_SIZE
     s3_concurrency: int = DEFAULT_S3_CONCURRENCY
+    # OCI registries (registry/oci): credentials by host, and a CA bundle for their TLS.
+    oci_auth: tuple[OciCredential, ...] | None = None
+    oci_ca_bundle: Path | None = None
+    # The docker config file read for OCI credentials when REGISTRY_OCI_AUTH is unset.
+    docker_config: Path | None = None
 
     @property
     def auth_path(self) -> Path:
@@ -130,6 +153,8 @@ class Settings:
         prefault_raw = env.get("REGISTRY_PREFAULT_THREADS") or None
         part_raw = env.get("REGISTRY_S3_PART_SIZE") or None
         concurrency_raw = env.get("REGISTRY_S3_CONCURRENCY") or None
+        oci_auth_raw = env.get("REGISTRY_OCI_AUTH") or None
+        ca_raw = env.get("REGISTRY_OCI_CA_BUNDLE") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -158,6 +183,11 @@ class Settings:
             s3_concurrency=_bounded_int(concurrency_raw, "REGISTRY_S3_CONCURRENCY",
                                         MAX_S3_CONCURRENCY)
             if concurrency_raw else DEFAULT_S3_CONCURRENCY,
+            oci_auth=parse_oci_auth(oci_auth_raw, "REGISTRY_OCI_AUTH")
+            if oci_auth_raw else None,
+            oci_ca_bundle=_ca_bundle(ca_raw) if ca_raw else None,
+            docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser()
+            / "config.json",
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -260,6 +290,60 @@ def _count(raw: str, variable: str) -> int:
     if raw.strip().isdigit() and int(raw) <= 64:
         return int(raw)
     raise SettingsError(f"{variable}={raw[:40]!r} is not a thread count; use 0 (off) to 64")
+
+
+_OCI_HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+
+
+def parse_oci_auth(raw: str, variable: str) -> tuple[OciCredential, ...]:
+    """``REGISTRY_OCI_AUTH`` (or a docker config's ``auths``) -> credentials by host.
+
+    Entries are ``{"username", "password"}``, ``{"auth": base64("user:password")}`` or
+    ``{"token"}``; a message names the host at fault, never a secret.
+    """
+    import base64
+    import binascii
+    import json
+
+    try:
+        table = json.loads(raw)
+    except ValueError:
+        raise SettingsError(f"{variable} is not JSON; use e.g. "
+                            '\'{"ghcr.io": {"username": "me", "password": "..."}}\'') from None
+    if not isinstance(table, dict):
+        raise SettingsError(f"{variable} must be a JSON object keyed by registry HOST[:PORT]")
+    out = []
+    for host, entry in table.items():
+        if not isinstance(host, str) or not _OCI_HOST_RE.fullmatch(host):
+            raise SettingsError(f"{variable} has key {str(host)[:80]!r}, which is not a registry "
+                                "HOST[:PORT] such as 'ghcr.io' or '127.0.0.1:5000'")
+        if not isinstance(entry, dict) or not entry:
+            raise SettingsError(f"{variable}[{host!r}] must be an object such as "
+                                '{"username": "...", "password": "..."}')
+        user, password, token = entry.get("username"), entry.get("password"), entry.get("token")
+        if "auth" in entry:
+            try:
+                user, sep, password = base64.b64decode(str(entry["auth"]),
+                                                       validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                sep = ""
+            if not sep:
+                raise SettingsError(f"{variable}[{host!r}].auth is not base64 of "
+                                    "'username:password'")
+        if not all(v is None or isinstance(v, str) for v in (user, password, token)) \
+                or (token is None and (not user or password is None)):
+            raise SettingsError(f"{variable}[{host!r}] needs string 'username' and 'password', "
+                                "'auth' (base64 of 'username:password') or 'token'")
+        out.append(OciCredential(host.lower(), user, password, token))
+    return tuple(out)
+
+
+def _ca_bundle(raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise SettingsError(f"REGISTRY_OCI_CA_BUNDLE={raw!r} is not a file; give the path of a "
+                            "PEM file of CA certificates")
+    return path.absolute()
 
 
 def redact_url(url: str) -> str:

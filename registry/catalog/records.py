@@ -18,5 +18,5 @@ class VersionRecord:
     tags: dict[str, str]
     aliases: list[str]
     # The manifest's text as the catalog holds it, where the record was read from a catalog's
-    # row: the client checks each text once (client._checked) instead of on every pull.
+    # row: the client checks each text once (record_check.checked) instead of on every pull.
     manifest_text: str | None = field(default=None, compare=False, repr=False)

@@ -1,0 +1,270 @@
+"""The OCI door against the real CNCF distribution registry (Debian's ``docker-registry``) on
+loopback: a version pushed as a ModelPack artifact, read by an independent client (oras-py),
+pulled and imported back, re-pushed with only its changed shards, with and without htpasswd."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import registry
+from registry import Registry
+from registry.files import version_files
+from registry.oci import modelpack
+from registry.oci.refs import check_url, parse_oci_ref
+from tests.helpers import BlockLM, assert_same_state, block_lm, clean_env, run_cli
+from tests.integration import oci_registry
+from tests.integration.oci_registry import OciRegistry
+
+SHARD = "16KiB"
+
+
+@pytest.fixture(scope="module")
+def oci(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciRegistry]:
+    server = oci_registry.start(tmp_path_factory.mktemp("oci"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oci_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciRegistry]:
+    server = oci_registry.start(tmp_path_factory.mktemp("oci-auth"),
+                                users={"alice": "s3cret-pw"})
+    yield server
+    server.stop()
+
+
+def _manifest(server: OciRegistry, repo: str, reference: str,
+              auth: tuple[str, str] | None = None) -> dict:
+    answer = httpx.get(f"http://{server.host}/v2/{repo}/manifests/{reference}", auth=auth,
+                       headers={"accept": modelpack.OCI_MANIFEST})
+    assert answer.status_code == 200, answer.text
+    return json.loads(answer.content)
+
+
+def _blob(server: OciRegistry, repo: str, digest: str) -> bytes:
+    answer = httpx.get(f"http://{server.host}/v2/{repo}/blobs/{digest}", follow_redirects=True)
+    assert answer.status_code == 200
+    return answer.content
+
+
+def test_push_writes_a_modelpack_artifact_whose_layers_are_the_blobs(
+        reg: Registry, oci: OciRegistry) -> None:
+    model = torch.nn.DataParallel(block_lm())
+    mv = reg.push(model, "lm", shard_size=SHARD, precision="amp-fp16",
+                  files={"README.md": _write(reg, "README.md", b"# lm\n")})
+    done = reg.push_oci("lm:v1", oci.ref("team/lm"))
+    assert done.ref == oci.ref("team/lm", "v1") and done.uploaded == done.layers
+    doc = _manifest(oci, "team/lm", "v1")
+    assert doc["mediaType"] == modelpack.OCI_MANIFEST
+    assert doc["artifactType"] == "application/vnd.cncf.model.manifest.v1+json"
+    assert doc["config"]["mediaType"] == "application/vnd.cncf.model.config.v1+json"
+    files = version_files(mv.metadata)
+    by_path = {x["annotations"]["org.cncf.model.filepath"]: x for x in doc["layers"]}
+    assert len(files) > 2  # several shards and the README
+    for f in files:
+        layer = by_path[f.name]
+        assert (layer["digest"], layer["size"]) == (f.digest, f.size)
+        assert layer["mediaType"] == ("application/vnd.cncf.model.weight.v1.raw"
+                                      if f.role == "weights"
+                                      else "application/vnd.cncf.model.doc.v1.raw")
+    assert by_path["registry-manifest.json"]["mediaType"] == modelpack.REGISTRY_MANIFEST
+    config = json.loads(_blob(oci, "team/lm", doc["config"]["digest"]))
+    assert config["config"]["format"] == "safetensors"
+    assert config["config"]["precision"] == "float32"
+    assert config["config"]["architecture"] == "BlockLM"
+    params = mv.metadata["source"]["params"]
+    assert config["config"]["paramSize"] == modelpack.param_size(params)
+    assert config["modelfs"] == {"type": "layers",
+                                 "diffIds": [x["digest"] for x in doc["layers"]]}
+    assert config["descriptor"]["name"] == "lm" and config["descriptor"]["version"] == "v1"
+    notes = doc["annotations"]
+    assert notes["io.github.registry.source.wrapping"] == "DataParallel"
+    assert notes["io.github.registry.source.devices"] == "cpu"
+    assert notes["io.github.registry.source.precision"] == "amp-fp16"
+    assert notes["io.github.registry.digest"] == mv.digest
+
+
+def _write(reg: Registry, name: str, data: bytes) -> Path:
+    path = reg.settings.home.parent / name
+    path.write_bytes(data)
+    return path
+
+
+def test_an_independent_client_reads_the_same_bytes(reg: Registry, oci: OciRegistry) -> None:
+    """oras-py (from the package index) fetches every layer; each equals the registry's blob."""
+    import oras.provider
+
+    mv = reg.push(block_lm(), "lm", shard_size=SHARD)
+    reg.push_oci("lm:v1", oci.ref("indep/lm", "v1"))
+    client = oras.provider.Registry(hostname=oci.host, insecure=True)
+    container = f"{oci.host}/indep/lm:v1"
+    manifest = client.get_manifest(container)
+    got = {x["digest"]: x for x in manifest["layers"]}
+    for f in version_files(mv.metadata):
+        out = reg.settings.home.parent / f"oras-{f.digest[7:19]}"
+        client.download_blob(container, f.digest, str(out))
+        assert got[f.digest]["size"] == f.size
+        assert out.read_bytes() == reg.backend.blob_path(f.digest, f.size).read_bytes()
+
+
+def test_a_second_version_uploads_only_its_changed_shards(reg: Registry,
+                                                          oci: OciRegistry) -> None:
+    model = block_lm()
+    v1 = reg.push(model, "tuned", shard_size=SHARD)
+    reg.push_oci("tuned:v1", oci.ref("team/tuned"))
+    with torch.no_grad():
+        model.layers[-1].mlp.weight.add_(0.5)
+    v2 = reg.push(model, "tuned", shard_size=SHARD)
+    old = {f.digest for f in version_files(v1.metadata)}
+    changed = [f for f in version_files(v2.metadata) if f.digest not in old]
+    assert 0 < len(changed) < len(version_files(v2.metadata))
+    before = len(oci.completed_uploads())
+    done = reg.push_oci("tuned:v2", oci.ref("team/tuned"))
+    received = oci.completed_uploads()[before:]
+    doc = _manifest(oci, "team/tuned", "v2")
+    ours = {x["digest"] for x in doc["layers"]
+            if x["mediaType"] == modelpack.REGISTRY_MANIFEST} | {doc["config"]["digest"]}
+    # The registry received the changed shards, the new manifest layer and the config: no more.
+    assert sorted(d.replace("%3A", ":") for d in received) == sorted(
+        {f.digest for f in changed} | ours)
+    assert done.bytes_uploaded == sum(f.size for f in changed) + next(
+        x["size"] for x in doc["layers"] if x["mediaType"] == modelpack.REGISTRY_MANIFEST)
+
+
+def test_pull_materializes_by_tag_and_by_digest(reg: Registry, oci: OciRegistry) -> None:
+    model = block_lm()
+    reg.push(model, "lm", shard_size=SHARD)
+    done = reg.push_oci("lm:v1", oci.ref("pulls/lm", "stable"))
+    by_tag = reg.pull(oci.ref("pulls/lm", "stable"), device="cpu", model=BlockLM)
+    assert_same_state(by_tag.state_dict(), model.state_dict())
+    assert by_tag.lm_head.weight is by_tag.embed.weight  # ties come back
+    by_digest = registry.Registry(home=reg.settings.home / "other").pull(
+        f"oci://{oci.host}/pulls/lm@{done.digest}", device="auto", model=BlockLM)
+    assert_same_state(by_digest.state_dict(), model.state_dict())
+
+
+def test_import_keeps_the_digests_and_the_cli_round_trips(reg: Registry, oci: OciRegistry,
+                                                          home: Path) -> None:
+    model = block_lm()
+    mv = reg.push(model, "lm", shard_size=SHARD)
+    env = clean_env(home)
+    pushed = run_cli("oci", "push", "lm:v1", oci.ref("cli/lm"), "--json", env=env, check=True)
+    assert json.loads(pushed.stdout)["ref"] == oci.ref("cli/lm", "v1")
+    imported = run_cli("oci", "pull", oci.ref("cli/lm", "v1"), "lm-copy", "--tag", "from=oci",
+                       "--json", env=env, check=True)
+    copy = json.loads(imported.stdout)
+    assert copy["ref"] == "lm-copy:v1" and copy["digest"] == mv.digest
+    assert copy["tags"] == {"from": "oci"}
+    assert_same_state(reg.pull("lm-copy", device="cpu", model=BlockLM).state_dict(),
+                      model.state_dict())
+
+
+def test_basic_auth_from_the_environment_or_the_docker_config(
+        reg: Registry, oci_auth: OciRegistry, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    reg.push(block_lm(), "lm", shard_size=SHARD)
+    with pytest.raises(registry.UnauthorizedError, match="no credentials are configured"):
+        reg.push_oci("lm:v1", oci_auth.ref("auth/lm"))
+    monkeypatch.setenv("REGISTRY_OCI_AUTH", json.dumps(
+        {oci_auth.host: {"username": "alice", "password": "wrong"}}))
+    with pytest.raises(registry.UnauthorizedError, match="credentials given were refused") \
+            as caught:
+        Registry().push_oci("lm:v1", oci_auth.ref("auth/lm"))
+    assert "wrong" not in str(caught.value)
+    monkeypatch.setenv("REGISTRY_OCI_AUTH", json.dumps(
+        {oci_auth.host: {"username": "alice", "password": "s3cret-pw"}}))
+    assert Registry().push_oci("lm:v1", oci_auth.ref("auth/lm")).uploaded > 0
+    monkeypatch.delenv("REGISTRY_OCI_AUTH")
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps(
+        {"auths": {oci_auth.host: {"auth": "YWxpY2U6czNjcmV0LXB3"}}}))  # alice:s3cret-pw
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    pulled = Registry(home=tmp_path / "fresh").pull(oci_auth.ref("auth/lm", "v1"), device="cpu",
+                                                    model=BlockLM)
+    assert_same_state(pulled.state_dict(), block_lm().state_dict())
+
+
+def test_another_producers_artifact_imports_like_a_checkpoint_directory(
+        reg: Registry, oci: OciRegistry, tmp_path: Path) -> None:
+    """An artifact pushed by oras-py (plain safetensors with a DataParallel prefix, a config,
+    the spec's media types) imports as a version with its keys normalized."""
+    import oras.provider
+    from safetensors.torch import save_file
+
+    model = block_lm()
+    state = {f"module.{k}": v.clone() for k, v in model.state_dict().items()
+             if k != "lm_head.weight"}
+    weights = tmp_path / "model.safetensors"
+    save_file(state, weights)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"descriptor": {"name": "foreign"},
+                                  "config": {"format": "safetensors"},
+                                  "modelfs": {"type": "layers", "diffIds": []}}))
+    client = oras.provider.Registry(hostname=oci.host, insecure=True)
+    container = client.get_container(f"{oci.host}/foreign/lm:v1")
+    layer = {"mediaType": modelpack.WEIGHT, "digest": _sha(weights),
+             "size": weights.stat().st_size,
+             "annotations": {"org.cncf.model.filepath": "model.safetensors"}}
+    client.upload_blob(str(weights), container, layer)
+    conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
+            "size": config.stat().st_size}
+    client.upload_blob(str(config), container, conf)
+    client.upload_manifest({"schemaVersion": 2, "mediaType": modelpack.OCI_MANIFEST,
+                            "artifactType": modelpack.ARTIFACT_TYPE, "config": conf,
+                            "layers": [layer]}, container)
+    mv = reg.import_oci(oci.ref("foreign/lm", "v1"), "foreign")
+    assert mv.metadata["source"]["wrapping"] == ["DataParallel/DistributedDataParallel"]
+    expected = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert_same_state(reg.pull_state_dict("foreign", device="cpu"), expected)
+    with pytest.raises(registry.OciArtifactError, match="another ModelPack producer"):
+        reg.pull(oci.ref("foreign/lm", "v1"), device="cpu")
+
+
+def _sha(path: Path) -> str:
+    from registry.digests import sha256_file
+
+    return sha256_file(path)
+
+
+def test_tls_with_a_custom_ca(reg: Registry, tmp_path_factory: pytest.TempPathFactory,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry on a non-loopback address speaks HTTPS only: refused with the system's CAs,
+    trusted through REGISTRY_OCI_CA_BUNDLE."""
+    workdir = tmp_path_factory.mktemp("oci-tls")
+    address = oci_registry.non_loopback_address()
+    ca, cert, key = oci_registry.tls_files(workdir / "tls", address)
+    server = oci_registry.start(workdir / "registry", address=address, tls=(cert, key))
+    try:
+        reg.push(block_lm(), "lm", shard_size=SHARD)
+        with pytest.raises(registry.OciUnavailableError, match="cannot be reached"):
+            reg.push_oci("lm:v1", server.ref("tls/lm"))
+        monkeypatch.setenv("REGISTRY_OCI_CA_BUNDLE", str(ca))
+        done = Registry().push_oci("lm:v1", server.ref("tls/lm"))
+        assert done.ref.startswith(f"oci://{address}:") and done.uploaded == done.layers
+        pulled = Registry(home=workdir / "fresh").pull(server.ref("tls/lm", "v1"), device="cpu",
+                                                      model=BlockLM)
+        assert_same_state(pulled.state_dict(), block_lm().state_dict())
+        with pytest.raises(registry.InsecureTransportError):
+            check_url(f"http://{server.host}/v2/", parse_oci_ref(server.ref("tls/lm")),
+                      what="URL")
+    finally:
+        server.stop()
+
+
+def test_a_push_to_another_repository_mounts_instead_of_uploading(
+        reg: Registry, oci: OciRegistry) -> None:
+    mv = reg.push(block_lm(), "lm", shard_size=SHARD)
+    reg.push_oci("lm:v1", oci.ref("mount/a"))
+    before = len(oci.completed_uploads())
+    done = reg.push_oci("lm:v1", oci.ref("mount/b"))
+    files = version_files(mv.metadata)
+    assert done.mounted == len(files) + 1  # every file and the manifest layer
+    assert done.uploaded == 0
+    # only the config was sent again, the one blob the door puts whole
+    assert len(oci.completed_uploads()) - before == 1
