@@ -54,6 +54,7 @@ from .errors import (
     UnexpectedUploadError,
     UnsafeCheckpointError,
     UntrustedFactoryError,
+    VersionAliasedError,
     VersionExistsError,
 )
 from .exports import Artifact
@@ -95,6 +96,7 @@ __all__ = [
     "UnexpectedUploadError",
     "UnsafeCheckpointError",
     "UntrustedFactoryError",
+    "VersionAliasedError",
     "VersionExistsError",
     "default_registry",
     "delete_alias",

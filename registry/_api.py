@@ -104,8 +104,8 @@ def set_tags(ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
     return default_registry().set_tags(ref, tags)
 
 
-def delete_version(ref: str | Ref) -> ModelVersion:
-    return default_registry().delete_version(ref)
+def delete_version(ref: str | Ref, *, force: bool = False) -> ModelVersion:
+    return default_registry().delete_version(ref, force=force)
 
 
 def gc() -> GcReport:

@@ -332,13 +332,15 @@ class Registry:
         return _version(self._backend.set_tags(resolved.name, resolved.version,
                                                validate_tags(tags, removals=True)))
 
-    def delete_version(self, ref: str | Ref) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused."""
+    def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
+        """Delete one explicit version (``name:vN``); its number is never reused. A version
+        that aliases point at is refused (:class:`VersionAliasedError`) unless ``force=True``,
+        which drops those aliases with it."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
-        return _version(self._backend.delete_version(parsed.name, parsed.version))
+        return _version(self._backend.delete_version(parsed.name, parsed.version, force=force))
 
     # -- exports: the logic lives in registry/exports ----------------------------------------
 
