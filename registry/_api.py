@@ -39,14 +39,15 @@ def default_registry() -> Registry:
         return reg
 
 
-def push(model: ModelInput, name: str | None = None, *, tags: Mapping[str, str] | None = None,
+def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
+         tags: Mapping[str, str] | None = None,
          aliases: Iterable[str] = (), factory: str | Any = None,
          factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
          keep_in_fp32: Iterable[str] = (),
          shard_size: int | str | None = None,
          files: Mapping[str, str | os.PathLike[str]] | None = None) -> ModelVersion:
-    """Store ``model`` as a new version of ``name`` (derived when omitted); see
-    :meth:`Registry.push`."""
+    """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
+    the tags: ``push(model, {"dataset": "imagenet"})``); see :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,

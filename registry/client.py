@@ -30,6 +30,7 @@ from .refs import (
     Ref,
     parse,
     parse_push_target,
+    push_name_and_tags,
     validate_alias,
     validate_aliases,
     validate_name,
@@ -99,7 +100,7 @@ class Registry:
     def push(
         self,
         model: ModelInput,
-        name: str | None = None,
+        name: str | Mapping[str, str] | None = None,
         *,
         tags: Mapping[str, str] | None = None,
         aliases: Iterable[str] = (),
@@ -114,7 +115,8 @@ class Registry:
 
         Without ``name``, the version is named by ``tags["name"]`` or after what was pushed (a
         transformers model's ``name_or_path`` or ``model_type``, the timm architecture, the
-        factory, the class); ``ModelVersion.ref`` says which.
+        factory, the class); ``ModelVersion.ref`` says which. A mapping in ``name``'s place is
+        the tags, so ``push(model, {"dataset": "imagenet"})`` names the version after the model.
 
         ``files`` (name -> path) are attached to the version, as is every non-weight file of a
         ``save_pretrained`` directory ``model``, whose ``config.json`` is recorded too.
@@ -123,6 +125,7 @@ class Registry:
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
         """
+        name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
@@ -333,9 +336,8 @@ class Registry:
                                                validate_tags(tags, removals=True)))
 
     def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused. A version
-        that aliases point at is refused (:class:`VersionAliasedError`) unless ``force=True``,
-        which drops those aliases with it."""
+        """Delete one explicit version (``name:vN``); its number is never reused. One that
+        aliases point at is refused (:class:`VersionAliasedError`) unless ``force=True``."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "

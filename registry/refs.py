@@ -217,6 +217,18 @@ def parse(text: object) -> Ref:
     return Ref(validate_name(text))
 
 
+def push_name_and_tags(name: str | Mapping[str, str] | None, tags: Mapping[str, str] | None,
+                       ) -> tuple[str | None, Mapping[str, str] | None]:
+    """``push(model, {"k": "v"})``: a mapping in the name's place is the tags (the name is then
+    derived); ``(name, tags)`` unchanged otherwise."""
+    if not isinstance(name, Mapping):
+        return name, tags
+    if tags is not None:
+        raise RefError("tags given twice: as the second argument and as tags=; pass "
+                       "push(model, tags) or push(model, name, tags=tags)")
+    return None, name
+
+
 def parse_push_target(text: object) -> tuple[str, int | None]:
     """Parse the ``name`` argument of push: ``"resnet18"`` or ``"resnet18:v7"`` (a claim)."""
     ref = parse(text)

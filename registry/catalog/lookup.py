@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, select
 
+from ..errors import NotFoundError, RefError
 from ..refs import Ref
 from .models import READY, AliasRow, ModelRow, VersionRow
 from .records import VersionRecord
@@ -100,3 +101,18 @@ def digests_with_prefix(conn: Connection, name: str, prefix: str, *, limit: int)
     (a checked ``sha256:<hex>`` prefix), sorted."""
     return list(conn.execute(_DIGESTS_LIKE, {"name": name, "pattern": prefix + "%",
                                              "limit": limit}).scalars())
+
+
+def unique_digest(conn: Connection, ref: Ref, *, shown: int = 10) -> str:
+    """The one digest ``ref``'s digest prefix names: NotFoundError if none, RefError listing
+    them if several."""
+    assert ref.digest is not None
+    found = digests_with_prefix(conn, ref.name, ref.digest, limit=shown + 1)
+    if not found:
+        raise NotFoundError(f"{ref} not found: no version of {ref.name} has a digest starting "
+                            "with that prefix")
+    if len(found) > 1:
+        more = " and more" if len(found) > shown else ""
+        raise RefError(f"digest prefix {ref.digest} in {ref} is ambiguous: versions of {ref.name} "
+                       f"have digests {', '.join(found[:shown])}{more}; give more hex digits")
+    return found[0]

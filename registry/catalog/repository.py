@@ -194,7 +194,7 @@ class Catalog(MirrorStates):
             elif ref.digest is not None:
                 digest = ref.digest
                 if ref.is_digest_prefix:
-                    digest = self._unique_digest(s, ref)
+                    digest = lookup.unique_digest(s.connection(), ref)
                 newest = s.scalar(select(VersionRow).where(
                     VersionRow.model_id == model.id, VersionRow.digest == digest,
                     VersionRow.state == READY).order_by(VersionRow.version.desc()).limit(1))
@@ -207,22 +207,6 @@ class Catalog(MirrorStates):
             else:
                 row = self._latest(s, model)
             return self._record(s, model, row)
-
-    @staticmethod
-    def _unique_digest(s: Session, ref: Ref) -> str:
-        """The one digest ``ref``'s digest prefix names; RefError listing them if several."""
-        assert ref.digest is not None
-        shown = 10
-        found = lookup.digests_with_prefix(s.connection(), ref.name, ref.digest, limit=shown + 1)
-        if not found:
-            raise NotFoundError(f"{ref} not found: no version of {ref.name} has a digest "
-                                "starting with that prefix")
-        if len(found) > 1:
-            more = " and more" if len(found) > shown else ""
-            raise RefError(
-                f"digest prefix {ref.digest} in {ref} is ambiguous: versions of {ref.name} have "
-                f"digests {', '.join(found[:shown])}{more}; give more hex digits")
-        return found[0]
 
     def list_models(self, *, limit: int | None = None, after: str | None = None) -> list[str]:
         """Names of models with a live version, sorted; a page of ``limit`` names after
