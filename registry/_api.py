@@ -119,12 +119,12 @@ def export(ref: str | Ref, *, format: ExportFormat = "onnx",
            dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
            opset: int | None = None, device: DeviceRequest = "cpu",
            dtype: DtypeRequest = "auto", tolerance: float | None = None,
-           model: ModelSpec = None) -> Artifact:
+           model: ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Artifact:
     """A verified, stored export of ``ref``; see :meth:`Registry.export`."""
     return default_registry().export(
         ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
         dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-        dtype=dtype, tolerance=tolerance, model=model)
+        dtype=dtype, tolerance=tolerance, model=model, out=out)
 
 
 def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
@@ -133,12 +133,12 @@ def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
                 dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
                 opset: int | None = None, device: DeviceRequest = "cpu",
                 dtype: DtypeRequest = "auto", tolerance: float | None = None,
-                model: ModelSpec = None) -> Path:
+                model: ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Path:
     """The local path of a verified export of ``ref``; see :meth:`Registry.pull_export`."""
     return default_registry().pull_export(
         ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
         dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-        dtype=dtype, tolerance=tolerance, model=model)
+        dtype=dtype, tolerance=tolerance, model=model, out=out)
 
 
 def list_exports(ref: str | Ref) -> list[Artifact]:

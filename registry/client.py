@@ -20,6 +20,7 @@ from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import DigestMismatchError, RefError, SettingsError
 from .exports import Artifact, ExportFormat
+from .factories import warn_if_unpullable
 from .files import weight_files, weights_digest
 from .gc import GcReport
 from .manifest import ModelVersion
@@ -131,7 +132,8 @@ class Registry:
         tag_map = cast(dict[str, str], validate_tags(tags))
         architecture: dict[str, Any] = {}
         if factory is not None:
-            architecture["factory"] = factory_string(factory)
+            architecture["factory"] = warn_if_unpullable(factory_string(factory),
+                                                         self.settings.trusted_factories)
             architecture["factory_kwargs"] = _json_object(factory_kwargs, "factory_kwargs")
         elif factory_kwargs:
             raise RefError("factory_kwargs given without factory; pass factory='module:callable'")
@@ -336,8 +338,7 @@ class Registry:
                                                validate_tags(tags, removals=True)))
 
     def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused. One that
-        aliases point at is refused (:class:`VersionAliasedError`) unless ``force=True``."""
+        """Delete version ``name:vN`` (its number is never reused); an aliased one needs force."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "
@@ -352,17 +353,17 @@ class Registry:
                dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
                opset: int | None = None, device: dev.DeviceRequest = "cpu",
                dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
-               model: mat.ModelSpec = None) -> Artifact:
+               model: mat.ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Artifact:
         """An ONNX / pt2 / TorchScript artifact of ``ref``, verified against the module on
         random inputs of ``input_shapes`` (or ``example_inputs``) and stored with the version;
         the same options return the stored one. ``dynamic_axes``: per input, the dims besides
-        the batch dim whose size may vary."""
+        the batch dim whose size may vary. ``out``: a file or directory to write it to."""
         from .exports import common, service
 
         return service.export(self, ref, common.make_request(
             format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-            dtype=dtype, tolerance=tolerance), model)
+            dtype=dtype, tolerance=tolerance), model, out)
 
     def pull_export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
                     input_shapes: Sequence[Sequence[int]] | None = None,
@@ -371,14 +372,15 @@ class Registry:
                     dynamic_axes: Sequence[Sequence[int]] | None = None,
                     opset: int | None = None, device: dev.DeviceRequest = "cpu",
                     dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
-                    model: mat.ModelSpec = None) -> Path:
-        """The verified local file of :meth:`export` with the same options (cached)."""
+                    model: mat.ModelSpec = None,
+                    out: str | os.PathLike[str] | None = None) -> Path:
+        """The verified local file of :meth:`export` with the same options (at ``out``)."""
         from .exports import service
 
         return service.path_of(self.export(
             ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-            dtype=dtype, tolerance=tolerance, model=model))
+            dtype=dtype, tolerance=tolerance, model=model, out=out))
 
     def list_exports(self, ref: str | Ref) -> list[Artifact]:
         """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
