@@ -40,6 +40,7 @@ from .errors import (
     UnexpectedUploadError,
     UnsafeCheckpointError,
     UntrustedFactoryError,
+    VersionAliasedError,
     VersionExistsError,
 )
 from .gc import GcReport
@@ -139,6 +140,7 @@ __all__ = [
     "UnexpectedUploadError",
     "UnsafeCheckpointError",
     "UntrustedFactoryError",
+    "VersionAliasedError",
     "VersionExistsError",
     "default_registry",
     "delete_alias",

@@ -40,14 +40,15 @@ def default_registry() -> Registry:
         return reg
 
 
-def push(model: ModelInput, name: str | None = None, *, tags: Mapping[str, str] | None = None,
+def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
+         tags: Mapping[str, str] | None = None,
          aliases: Iterable[str] = (), factory: str | Any = None,
          factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
          keep_in_fp32: Iterable[str] = (),
          shard_size: int | str | None = None,
          files: Mapping[str, str | os.PathLike[str]] | None = None) -> ModelVersion:
-    """Store ``model`` as a new version of ``name`` (derived when omitted); see
-    :meth:`Registry.push`."""
+    """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
+    the tags: ``push(model, {"dataset": "imagenet"})``); see :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
@@ -105,8 +106,8 @@ def set_tags(ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
     return default_registry().set_tags(ref, tags)
 
 
-def delete_version(ref: str | Ref) -> ModelVersion:
-    return default_registry().delete_version(ref)
+def delete_version(ref: str | Ref, *, force: bool = False) -> ModelVersion:
+    return default_registry().delete_version(ref, force=force)
 
 
 def gc() -> GcReport:
@@ -119,12 +120,12 @@ def export(ref: str | Ref, *, format: ExportFormat = "onnx",
            dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
            opset: int | None = None, device: DeviceRequest = "cpu",
            dtype: DtypeRequest = "auto", tolerance: float | None = None,
-           model: ModelSpec = None) -> Artifact:
+           model: ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Artifact:
     """A verified, stored export of ``ref``; see :meth:`Registry.export`."""
     return default_registry().export(
         ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
         dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-        dtype=dtype, tolerance=tolerance, model=model)
+        dtype=dtype, tolerance=tolerance, model=model, out=out)
 
 
 def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
@@ -133,12 +134,12 @@ def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
                 dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
                 opset: int | None = None, device: DeviceRequest = "cpu",
                 dtype: DtypeRequest = "auto", tolerance: float | None = None,
-                model: ModelSpec = None) -> Path:
+                model: ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Path:
     """The local path of a verified export of ``ref``; see :meth:`Registry.pull_export`."""
     return default_registry().pull_export(
         ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
         dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-        dtype=dtype, tolerance=tolerance, model=model)
+        dtype=dtype, tolerance=tolerance, model=model, out=out)
 
 
 def list_exports(ref: str | Ref) -> list[Artifact]:

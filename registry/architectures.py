@@ -9,10 +9,13 @@ with no code from the store.
 - A ``timm`` model records ``factory="timm:create_model"`` and the keyword arguments that give the
   same shapes (``model_name``, ``num_classes``, ``in_chans``, ``img_size``); the factory rule in
   ``factories.py`` then governs pull.
+- A ``torchvision`` model records its builder (``factory="torchvision.models:resnet18"``) and
+  the keyword arguments that change shapes (``num_classes``, ``aux_logits``...), found by
+  ``torchvision_builders.py`` among the builders of its class by keys and shapes on ``meta``.
 
 Both are recorded only if rebuilding from the record on ``meta`` at push gives the pushed keys and
-shapes. ``transformers`` and ``timm`` are never imported here unless the pushed module comes from
-them (then they are already imported) or a pulled version records them.
+shapes. ``transformers``, ``timm`` and ``torchvision`` are never imported here unless the pushed
+module comes from them (then they are already imported) or a pulled version records them.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import json
 import logging
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import torchvision_builders
 from .errors import ArchitectureUnknownError, RefError, UntrustedFactoryError, quoted
 
 if TYPE_CHECKING:
@@ -56,6 +61,8 @@ def capture(module: nn.Module) -> dict[str, Any]:
         return _transformers_record(module)
     if _comes_from(module, "timm"):
         return _timm_record(module)
+    if torchvision_builders.comes_from_torchvision(module):
+        return _torchvision_record(module)
     return {}
 
 
@@ -124,6 +131,35 @@ def _timm_record(module: nn.Module) -> dict[str, Any]:
         return timm.create_model(**kwargs)
 
     return record if _rebuilds(make, module) else {}
+
+
+def _torchvision_record(module: nn.Module) -> dict[str, Any]:
+    found = torchvision_builders.find_builders(module, _meta_signature)
+    if len(found) == 1:
+        return {"factory": found[0].factory, "factory_kwargs": found[0].kwargs}
+    cls = type(module)
+    why = (f"several torchvision builders give its keys and shapes "
+           f"({', '.join(b.factory for b in found)})" if found else
+           f"no torchvision builder of {cls.__module__}.{cls.__qualname__} gives its keys and "
+           "shapes")
+    example = found[0].factory if found else "torchvision.models:resnet18"
+    warnings.warn(
+        f"{cls.__name__} is pushed without its builder: {why}, so pull will need model=. Pass "
+        f"the builder to push: factory='{example}' (with factory_kwargs= for arguments such "
+        "as num_classes)", UserWarning, stacklevel=5)
+    return {}
+
+
+def _meta_signature(make: Callable[[], Any]) -> dict[str, tuple[int, ...]]:
+    """The keys and shapes of ``make()``, built with its parameters on ``meta``."""
+    from .materialize import empty_parameters
+
+    # The candidates are ours, not the user's: their builders' notices (googlenet's init
+    # FutureWarning) would only confuse a push.
+    with empty_parameters(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = make()
+    return {k: tuple(v.shape) for k, v in built.state_dict().items() if hasattr(v, "shape")}
 
 
 def _first_weight(module: nn.Module, path: str) -> Any:

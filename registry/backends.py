@@ -85,7 +85,8 @@ class Backend(Protocol):
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord: ...
     def delete_alias(self, name: str, alias: str) -> None: ...
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord: ...
-    def delete_version(self, name: str, version: int) -> VersionRecord: ...
+    def delete_version(self, name: str, version: int, *,
+                       force: bool = False) -> VersionRecord: ...
 
     def gc(self) -> GcReport: ...
     def rebuild(self) -> int: ...
@@ -357,10 +358,11 @@ class LocalBackend:
                              mf.dumps({**record.manifest, "tags": record.tags}))
         return record
 
-    def delete_version(self, name: str, version: int) -> VersionRecord:
+    def delete_version(self, name: str, version: int, *,
+                       force: bool = False) -> VersionRecord:
         from .exports import local as exports
 
-        record = self.catalog.delete_version(name, version)
+        record = self.catalog.delete_version(name, version, force=force)
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
         exports.drop(self, name, version)

@@ -20,6 +20,7 @@ from . import materialize as mat
 from .catalog.records import VersionRecord
 from .errors import RefError
 from .exports import Artifact, ExportFormat
+from .factories import warn_if_unpullable
 from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
@@ -27,7 +28,15 @@ from .oci.results import OciPush
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
 from .record_check import checked as _checked
-from .refs import Ref, parse, parse_push_target, validate_aliases, validate_name, validate_tags
+from .refs import (
+    Ref,
+    parse,
+    parse_push_target,
+    push_name_and_tags,
+    validate_aliases,
+    validate_name,
+    validate_tags,
+)
 from .settings import parse_size
 from .staging import Stagings
 from .statedict import ordered_state
@@ -51,7 +60,7 @@ class Registry(Versions):
     def push(
         self,
         model: ModelInput,
-        name: str | None = None,
+        name: str | Mapping[str, str] | None = None,
         *,
         tags: Mapping[str, str] | None = None,
         aliases: Iterable[str] = (),
@@ -66,7 +75,8 @@ class Registry(Versions):
 
         Without ``name``, the version is named by ``tags["name"]`` or after what was pushed (a
         transformers model's ``name_or_path`` or ``model_type``, the timm architecture, the
-        factory, the class); ``ModelVersion.ref`` says which.
+        factory, the class); ``ModelVersion.ref`` says which. A mapping in ``name``'s place is
+        the tags, so ``push(model, {"dataset": "imagenet"})`` names the version after the model.
 
         ``files`` (name -> path) are attached to the version, as is every non-weight file of a
         ``save_pretrained`` directory ``model``, whose ``config.json`` is recorded too.
@@ -75,12 +85,14 @@ class Registry(Versions):
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
         """
+        name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
         architecture: dict[str, Any] = {}
         if factory is not None:
-            architecture["factory"] = factory_string(factory)
+            architecture["factory"] = warn_if_unpullable(factory_string(factory),
+                                                         self.settings.trusted_factories)
             architecture["factory_kwargs"] = _json_object(factory_kwargs, "factory_kwargs")
         elif factory_kwargs:
             raise RefError("factory_kwargs given without factory; pass factory='module:callable'")
@@ -294,17 +306,17 @@ class Registry(Versions):
                dynamic_batch: bool = False, dynamic_axes: Sequence[Sequence[int]] | None = None,
                opset: int | None = None, device: dev.DeviceRequest = "cpu",
                dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
-               model: mat.ModelSpec = None) -> Artifact:
+               model: mat.ModelSpec = None, out: str | os.PathLike[str] | None = None) -> Artifact:
         """An ONNX / pt2 / TorchScript artifact of ``ref``, verified against the module on
         random inputs of ``input_shapes`` (or ``example_inputs``) and stored with the version;
         the same options return the stored one. ``dynamic_axes``: per input, the dims besides
-        the batch dim whose size may vary."""
+        the batch dim whose size may vary. ``out``: a file or directory to write it to."""
         from .exports import common, service
 
         return service.export(self, ref, common.make_request(
             format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-            dtype=dtype, tolerance=tolerance), model)
+            dtype=dtype, tolerance=tolerance), model, out)
 
     def pull_export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
                     input_shapes: Sequence[Sequence[int]] | None = None,
@@ -313,14 +325,15 @@ class Registry(Versions):
                     dynamic_axes: Sequence[Sequence[int]] | None = None,
                     opset: int | None = None, device: dev.DeviceRequest = "cpu",
                     dtype: dev.DtypeRequest = "auto", tolerance: float | None = None,
-                    model: mat.ModelSpec = None) -> Path:
-        """The verified local file of :meth:`export` with the same options (cached)."""
+                    model: mat.ModelSpec = None,
+                    out: str | os.PathLike[str] | None = None) -> Path:
+        """The verified local file of :meth:`export` with the same options (at ``out``)."""
         from .exports import service
 
         return service.path_of(self.export(
             ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
-            dtype=dtype, tolerance=tolerance, model=model))
+            dtype=dtype, tolerance=tolerance, model=model, out=out))
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -180,11 +180,14 @@ def parse_dtype(request: DtypeRequest) -> torch.dtype | None:
 
 
 def auto_dtype(stored: torch.dtype, device: torch.device, facts: TorchFacts) -> torch.dtype:
-    """The dtype ``dtype="auto"`` gives a stored dtype on ``device`` (the table in DOMAIN.md)."""
+    """The dtype ``dtype="auto"`` gives a stored dtype on ``device`` (the table in DOMAIN.md, with
+    bfloat16 on the CPU made float32 as float16 is: issue #30)."""
     if not stored.is_floating_point:
         return stored
     if device.type == "cpu":
-        return torch.float32 if stored == torch.float16 else stored
+        # Half-precision weights meet float32 batches on the CPU ("Input type (float) and bias
+        # type (c10::BFloat16) should be the same"), and CPU half arithmetic is slow: float32.
+        return torch.float32 if stored in (torch.float16, torch.bfloat16) else stored
     if device.type == "cuda":
         if stored == torch.bfloat16:
             index = 0 if device.index is None else device.index

@@ -5,6 +5,7 @@
     ├── SettingsError (ValueError)             a bad environment variable or option
     ├── NotFoundError (LookupError)            unknown model, version, alias or digest
     ├── VersionExistsError                     an explicit version claim that is taken or retired
+    ├── VersionAliasedError                    deleting a version an alias points at, unforced
     ├── CheckpointError (ValueError)           a file that cannot be read as weights
     │   ├── UnsafeCheckpointError              a pickle that weights_only loading refuses
     │   └── ManifestError                      a manifest that fails its schema or its files
@@ -80,6 +81,18 @@ class VersionExistsError(RegistryError):
 
     code = "version_exists"
     exit_code = 4
+
+
+class VersionAliasedError(RegistryError):
+    """Deleting a version that aliases point at without ``force=True``: every consumer of the
+    alias would get NotFoundError. The message names the aliases and the fix."""
+
+    code = "version_aliased"
+    exit_code = 4
+
+    def __init__(self, message: str, *, aliases: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.aliases = list(aliases)
 
 
 class UnexpectedUploadError(RegistryError):

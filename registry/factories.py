@@ -25,6 +25,7 @@ import inspect
 import re
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ _FETCHING_KWARG_RE = re.compile(
     r"(?:^|_)(?:pretrained|weights|checkpoint|ckpt|url|path|file|dir|cache|hub|download)(?:_|$)")
 _HARMLESS_KWARGS = frozenset({"init_weights"})  # torchvision's VGG/GoogLeNet: random init only
 _EXTRA_HINT = {"timm": " (pip install 'torch-registry[hf]')"}
+# Packages that hold no model builders of anyone's: trusting one would let a manifest run it.
+_NEVER_TRUST = frozenset({"torch", "builtins", "__main__"})
 
 
 def resolve_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:
@@ -86,9 +89,11 @@ def _imported_module_class(factory: str, module_name: str, attrs: list[str],
     refusal = (
         f"recorded factory {factory!r} is not under a trusted prefix "
         f"({', '.join(trusted_prefixes) or 'none'}) and is not an nn.Module subclass of a module "
-        f"this process has already imported; it was not imported. Import {module_name} before "
-        "pulling if its class builds the model, add it to REGISTRY_TRUSTED_FACTORIES if you "
-        "trust it, or pass model= to pull"
+        f"this process has already imported; it was not imported. "
+        + (f"Import {module_name} before pulling if its class builds the model, add it to "
+           "REGISTRY_TRUSTED_FACTORIES if you trust it, or pass model= to pull"
+           if could_hold_models(module_name) else
+           f"{module_name} is not a package of model builders: pass model= to pull")
     )
     module = sys.modules.get(module_name)
     if not isinstance(module, types.ModuleType):
@@ -135,3 +140,44 @@ def _without_weight_fetching(target: Callable[..., Any], factory: str) -> Callab
         return target(*args, **kwargs)
 
     return build
+
+
+def could_hold_models(module_name: str) -> bool:
+    """Whether ``module_name`` could be a package of model builders worth trusting: not the
+    standard library, torch itself or builtins (``subprocess:Popen``, ``os:system``)."""
+    top = module_name.partition(".")[0]
+    return top not in sys.stdlib_module_names and top not in _NEVER_TRUST
+
+
+def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
+    """``factory`` (being recorded at push), with a warning where the factory rule will refuse
+    it at pull: private names, or not under a trusted prefix and (as imported now) not an
+    nn.Module subclass. Nothing is imported; a module not imported yet is left to pull."""
+    why = fix = ""
+    try:
+        module_name, attrs = _parse_factory(factory)
+    except UntrustedFactoryError:
+        why, fix = "it is not a 'package.module:callable' of public names", "name a public one"
+    else:
+        if _is_trusted(module_name, trusted_prefixes) or (
+                module_name not in sys.modules and could_hold_models(module_name)):
+            return factory
+        try:
+            _imported_module_class(factory, module_name, attrs, trusted_prefixes)
+        except UntrustedFactoryError:
+            why = "it is neither under a trusted prefix nor an nn.Module subclass"
+            fix = (f"add {module_name!r} to REGISTRY_TRUSTED_FACTORIES where it is pulled, or "
+                   "push an nn.Module subclass as factory" if could_hold_models(module_name)
+                   else f"{module_name} is not a package of model builders, so push an "
+                   "nn.Module subclass as factory, or none and pull with model=")
+        except ArchitectureUnknownError:
+            pass  # no such attribute here; pull says so where it is pulled
+    if why:
+        warnings.warn(f"factory {factory!r} is recorded, but pull will refuse to call it: {why} "
+                      f"(the factory rule, registry/factories.py); {fix}", UserWarning,
+                      stacklevel=3)
+    return factory
+
+
+def _is_trusted(module_name: str, trusted_prefixes: tuple[str, ...]) -> bool:
+    return any(module_name == p or module_name.startswith(p + ".") for p in trusted_prefixes)

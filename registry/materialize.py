@@ -23,6 +23,7 @@ from . import architectures
 from . import devices as dev
 from .errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from .factories import resolve_factory
+from .keyfit import likely_cause
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 
@@ -251,7 +252,7 @@ def check_fits(module: nn.Module, tensors: Mapping[str, Any], ref: str) -> None:
                     _listing("missing", missing), _listing("unexpected", unexpected),
                 ) if part
             )
-            + f". {_likely_cause(list(expected), list(tensors))}"
+            + f". {likely_cause(list(expected), list(tensors))}"
         )
     bad = [
         f"{k} stored {tuple(shape)} vs model {tuple(expected[k].shape)}"
@@ -280,23 +281,6 @@ def _listing(label: str, keys: list[str]) -> str:
     shown = ", ".join(keys[:_MISMATCH_SHOWN])
     more = f" and {len(keys) - _MISMATCH_SHOWN} more" if len(keys) > _MISMATCH_SHOWN else ""
     return f"{len(keys)} {label} key(s): {shown}{more}"
-
-
-def _likely_cause(model_keys: list[str], stored_keys: list[str]) -> str:
-    for prefix, wrapper, fix in (
-        ("module.", "DataParallel/DistributedDataParallel", "model.module"),
-        ("_orig_mod.", "torch.compile", "model._orig_mod (compile after pulling)"),
-    ):
-        if model_keys and all(k.startswith(prefix) for k in model_keys):
-            return (f"Likely cause: the model you passed is wrapped in {wrapper} (its keys start "
-                    f"with {prefix!r}); pass {fix} instead")
-    stored = set(stored_keys)
-    for k in model_keys:
-        head, _, rest = k.partition(".")
-        if rest and rest in stored:
-            return (f"Likely cause: the model you passed nests the network under {head!r} "
-                    f"(e.g. {k!r} vs stored {rest!r}); pass model.{head}")
-    return "Likely cause: the model's architecture or configuration differs from the one pushed"
 
 
 def fill_module(

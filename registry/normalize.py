@@ -38,6 +38,9 @@ _ANYWHERE_PREFIXES = {
     "_checkpoint_wrapped_module": "CheckpointWrapper",
 }
 _DATA_PARALLEL = "DataParallel/DistributedDataParallel"
+# Names only wrappers give a key's parts; one left after normalization is refused, never stored
+# (FSDP's flattened parameter holds many tensors in one and cannot be loaded as any of them).
+_WRAPPER_PARTS = frozenset({*_ANYWHERE_PREFIXES, "_flat_param", "_fsdp_flat_param"})
 _STATISTICS_SUFFIXES = (".running_mean", ".running_var")
 _FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -224,9 +227,11 @@ def _nested_rename(inner: str, outer: str) -> Callable[[str], str]:
 
 
 def _leading_module_parts(raw: Mapping[str, Any]) -> int:
-    """How many leading ``module.`` components every tensor key of a bare state dict has
-    (DataParallel/DDP prefixes, possibly repeated)."""
-    tensor_keys = [k for k, v in raw.items() if isinstance(k, str) and isinstance(v, torch.Tensor)]
+    """How many leading ``module.`` components every tensor key of a bare state dict has once
+    the other wrappers' parts are dropped (DataParallel/DDP prefixes, possibly repeated, in any
+    order with ``_orig_mod.`` and the rest: ``_orig_mod.module.conv1.weight`` has one)."""
+    tensor_keys = [_without_anywhere_parts(k) for k, v in raw.items()
+                   if isinstance(k, str) and isinstance(v, torch.Tensor)]
     leading = 0
     while tensor_keys and all(
         k.split(".")[leading] == "module" and k.count(".") > leading for k in tensor_keys
@@ -235,15 +240,20 @@ def _leading_module_parts(raw: Mapping[str, Any]) -> int:
     return leading
 
 
+def _without_anywhere_parts(key: str) -> str:
+    parts = key.split(".")
+    return ".".join([p for p in parts[:-1] if p not in _ANYWHERE_PREFIXES] + parts[-1:])
+
+
 def _strip_metadata(metadata: ModuleMetadata, leading: int) -> ModuleMetadata:
-    """Module prefixes renamed as their keys are: ``leading`` DataParallel components and
-    wrapper components stripped. A wrapper's own entry gives way to its inner module's."""
+    """Module prefixes renamed as their keys are: wrapper components and then ``leading``
+    DataParallel components stripped. A wrapper's own entry gives way to its inner module's."""
 
     def rename(prefix: str) -> str | None:
-        parts = prefix.split(".") if prefix else []
+        parts = [p for p in (prefix.split(".") if prefix else []) if p not in _ANYWHERE_PREFIXES]
         if len(parts) < leading:
             return None  # the DataParallel wrapper itself
-        return ".".join(p for p in parts[leading:] if p not in _ANYWHERE_PREFIXES)
+        return ".".join(parts[leading:])
 
     return rename_prefixes(metadata, rename)
 
@@ -261,17 +271,19 @@ def _strip_wrapper_keys(
     origin: dict[str, str] = {}
     for key, value in raw.items():
         parts = key.split(".")
-        labels = []
-        if isinstance(value, torch.Tensor) and leading:
-            parts = parts[leading:]
-            labels += [_DATA_PARALLEL] * leading
+        labels = []  # the wrappers, outermost first, as their parts come in the key
         kept_parts = []
+        dropped_modules = leading if isinstance(value, torch.Tensor) else 0
         for part in parts[:-1]:
             if part in _ANYWHERE_PREFIXES:
                 labels.append(_ANYWHERE_PREFIXES[part])
+            elif dropped_modules:
+                dropped_modules -= 1
+                labels.append(_DATA_PARALLEL)
             else:
                 kept_parts.append(part)
         new_key = ".".join(kept_parts + parts[-1:])
+        _refuse_wrapper_parts(key, new_key)
         if new_key in renamed:
             raise NormalizationError(
                 f"keys {origin[new_key]!r} and {key!r} both become {new_key!r} once wrapper "
@@ -283,6 +295,19 @@ def _strip_wrapper_keys(
             if label not in seen_order:
                 seen_order.append(label)
     return renamed, seen_order
+
+
+def _refuse_wrapper_parts(key: str, new_key: str) -> None:
+    """A key that still names a wrapper once prefixes are stripped is refused, never stored:
+    pull could not load it into the unwrapped model."""
+    left = [p for p in new_key.split(".") if p in _WRAPPER_PARTS]
+    if left:
+        raise NormalizationError(
+            f"key {key!r} still carries the wrapper part {left[0]!r} once wrapper prefixes are "
+            "stripped (as " + repr(new_key) + "), so it cannot be loaded into the unwrapped "
+            "model; save the full state dict of the unwrapped model (for FSDP: "
+            "torch.distributed.checkpoint.state_dict.get_model_state_dict, or "
+            "StateDictType.FULL_STATE_DICT) and push that")
 
 
 def _refuse_quantized(parts: Iterable[tuple[str, object]]) -> None:

@@ -5,6 +5,7 @@
     name:v3  or  name:3       version 3
     name@production           the version the alias points at
     name@sha256:<64 hex>      the newest version whose weights have that digest
+    name@sha256:<12+ hex>     the same for an unambiguous prefix (what ``registry ls`` prints)
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _ALIAS_RE = re.compile(ALIAS_PATTERN)
 _RESERVED_ALIAS_RE = re.compile(r"latest|v\d+")
 _VERSION_RE = re.compile(r"v?([1-9][0-9]*)")
 _DIGEST_RE = re.compile(DIGEST_PATTERN)
+# A digest prefix names a version once it is this long (48 bits: collisions within one model's
+# versions are vanishingly rare, and an ambiguous one is refused with the candidates).
+MIN_DIGEST_PREFIX = 12
+_DIGEST_PREFIX_RE = re.compile(rf"sha256:[0-9a-f]{{{MIN_DIGEST_PREFIX},64}}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class Ref:
     version: int | None = None
     alias: str | None = None
     digest: str | None = None
+
+    @property
+    def is_digest_prefix(self) -> bool:
+        """Whether ``digest`` is a prefix (fewer than 64 hex digits) rather than a digest."""
+        return self.digest is not None and not _DIGEST_RE.fullmatch(self.digest)
 
     @property
     def is_latest(self) -> bool:
@@ -172,10 +182,14 @@ def parse(text: object) -> Ref:
         name, _, selector = text.partition("@")
         validate_name(name)
         if selector.startswith("sha256:"):
-            if not _DIGEST_RE.fullmatch(selector):
+            if not _DIGEST_PREFIX_RE.fullmatch(selector):
+                hexpart = selector[7:]
+                short = len(hexpart) < MIN_DIGEST_PREFIX and re.fullmatch("[0-9a-f]+", hexpart)
                 raise RefError(
                     f"invalid digest {selector!r} in ref {text!r}: expected 'sha256:' followed by "
-                    "64 lowercase hex digits"
+                    f"{MIN_DIGEST_PREFIX} to 64 lowercase hex digits"
+                    + (f" (a prefix needs at least {MIN_DIGEST_PREFIX}; this one has "
+                       f"{len(hexpart)})" if short else "")
                 )
             return Ref(name, digest=selector)
         if not selector:
@@ -201,6 +215,18 @@ def parse(text: object) -> Ref:
                 f"'latest'{in_range}"
             ) from None
     return Ref(validate_name(text))
+
+
+def push_name_and_tags(name: str | Mapping[str, str] | None, tags: Mapping[str, str] | None,
+                       ) -> tuple[str | None, Mapping[str, str] | None]:
+    """``push(model, {"k": "v"})``: a mapping in the name's place is the tags (the name is then
+    derived); ``(name, tags)`` unchanged otherwise."""
+    if not isinstance(name, Mapping):
+        return name, tags
+    if tags is not None:
+        raise RefError("tags given twice: as the second argument and as tags=; pass "
+                       "push(model, tags) or push(model, name, tags=tags)")
+    return None, name
 
 
 def parse_push_target(text: object) -> tuple[str, int | None]:

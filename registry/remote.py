@@ -286,8 +286,11 @@ class RemoteBackend:
         path = f"/models/{_seg(name)}/versions/{version}/tags"
         return record_from_wire(self._call("PATCH", path, json={"tags": tags}))
 
-    def delete_version(self, name: str, version: int) -> VersionRecord:
-        return record_from_wire(self._call("DELETE", f"/models/{_seg(name)}/versions/{version}"))
+    def delete_version(self, name: str, version: int, *,
+                       force: bool = False) -> VersionRecord:
+        params = {"force": "true"} if force else {}
+        return record_from_wire(self._call("DELETE", f"/models/{_seg(name)}/versions/{version}",
+                                           params=params))
 
     def gc(self) -> GcReport:
         data = self._call("POST", "/gc")

@@ -106,13 +106,14 @@ class Versions:
         return model_version(self._backend.set_tags(resolved.name, resolved.version,
                                                     validate_tags(tags, removals=True)))
 
-    def delete_version(self, ref: str | Ref) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused."""
+    def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
+        """Delete version ``name:vN`` (its number is never reused); an aliased one needs force."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
-        return model_version(self._backend.delete_version(parsed.name, parsed.version))
+        return model_version(self._backend.delete_version(parsed.name, parsed.version,
+                                                          force=force))
 
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""

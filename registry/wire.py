@@ -25,6 +25,7 @@ from .errors import (
     StoreUnavailableError,
     UnauthorizedError,
     UnexpectedUploadError,
+    VersionAliasedError,
     VersionExistsError,
 )
 from .validate import answer_record
@@ -39,6 +40,7 @@ STATUS: list[tuple[type[RegistryError], int]] = [
     (ForbiddenError, 403),
     (NotFoundError, 404),
     (VersionExistsError, 409),
+    (VersionAliasedError, 409),
     (UnexpectedUploadError, 409),
     (DigestMismatchError, 422),
     (StoreUnavailableError, 503),

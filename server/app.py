@@ -317,9 +317,12 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         return record_to_wire(record)
 
     @app.delete(API + "/models/{name}/versions/{version}", tags=["models"])
-    def delete_version(name: str, version: str, caller: str = write) -> dict[str, Any]:
+    def delete_version(name: str, version: str, caller: str = write,
+                       force: Annotated[bool, Query(description="Delete even if aliases point "
+                                                    "at the version.")] = False,
+                       ) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
-        record = local.delete_version(name, number)
+        record = local.delete_version(name, number, force=force)
         log.info("%s:v%d deleted by %s", name, number, caller)
         changed()
         return record_to_wire(record)

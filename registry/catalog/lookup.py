@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, bindparam, select
 
+from ..errors import NotFoundError, RefError
 from ..refs import Ref
 from .models import READY, AliasRow, ModelRow, VersionRow
 from .records import VersionRecord
@@ -39,6 +40,12 @@ _BY_VERSION = _READY.where(_v.version == bindparam("version"))
 _BY_ALIAS = _READY.join(_aliases, (_a.model_id == _v.model_id) & (_a.version == _v.version)) \
     .where(_a.alias == bindparam("alias"))
 _BY_DIGEST = _READY.where(_v.digest == bindparam("digest")).order_by(_v.version.desc()).limit(1)
+# A digest prefix (hex only, so no LIKE wildcard): the newest version of each distinct digest;
+# two distinct digests make the prefix ambiguous.
+_DIGESTS_LIKE = (select(_v.digest).distinct()
+                 .where(_v.model_id == _MODEL_ID, _v.state == READY,
+                        _v.digest.like(bindparam("pattern")))
+                 .order_by(_v.digest).limit(bindparam("limit")))
 _LATEST = _READY.order_by(_v.version.desc()).limit(1)
 _ALIASES_OF = (select(_a.alias)
                .where(_a.model_id == bindparam("model_id"), _a.version == bindparam("version"))
@@ -71,7 +78,13 @@ def find_ready(conn: Connection, ref: Ref) -> Found | None:
     if ref.alias is not None:
         row = conn.execute(_BY_ALIAS, {"name": ref.name, "alias": ref.alias}).first()
     elif ref.digest is not None:
-        row = conn.execute(_BY_DIGEST, {"name": ref.name, "digest": ref.digest}).first()
+        digest = ref.digest
+        if ref.is_digest_prefix:
+            matches = digests_with_prefix(conn, ref.name, digest, limit=2)
+            if len(matches) != 1:
+                return None  # none, or ambiguous: the ORM path says which
+            digest = matches[0]
+        row = conn.execute(_BY_DIGEST, {"name": ref.name, "digest": digest}).first()
     elif ref.version is not None:
         row = conn.execute(_BY_VERSION, {"name": ref.name, "version": ref.version}).first()
     else:
@@ -81,3 +94,25 @@ def find_ready(conn: Connection, ref: Ref) -> Found | None:
     aliases = conn.execute(_ALIASES_OF, {"model_id": row.id, "version": row.version}).scalars()
     return Found(version=row.version, digest=row.digest, size_bytes=row.size_bytes,
                  manifest=row.manifest, tags=row.tags, aliases=tuple(aliases))
+
+
+def digests_with_prefix(conn: Connection, name: str, prefix: str, *, limit: int) -> list[str]:
+    """Up to ``limit`` distinct digests of ready versions of ``name`` starting with ``prefix``
+    (a checked ``sha256:<hex>`` prefix), sorted."""
+    return list(conn.execute(_DIGESTS_LIKE, {"name": name, "pattern": prefix + "%",
+                                             "limit": limit}).scalars())
+
+
+def unique_digest(conn: Connection, ref: Ref, *, shown: int = 10) -> str:
+    """The one digest ``ref``'s digest prefix names: NotFoundError if none, RefError listing
+    them if several."""
+    assert ref.digest is not None
+    found = digests_with_prefix(conn, ref.name, ref.digest, limit=shown + 1)
+    if not found:
+        raise NotFoundError(f"{ref} not found: no version of {ref.name} has a digest starting "
+                            "with that prefix")
+    if len(found) > 1:
+        more = " and more" if len(found) > shown else ""
+        raise RefError(f"digest prefix {ref.digest} in {ref} is ambiguous: versions of {ref.name} "
+                       f"have digests {', '.join(found[:shown])}{more}; give more hex digits")
+    return found[0]

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import NotFoundError, RefError, VersionExistsError
+from ..errors import NotFoundError, RefError, VersionAliasedError, VersionExistsError
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
@@ -192,8 +192,11 @@ class Catalog(MirrorStates):
                     )
                 row = self._row(s, model, target)
             elif ref.digest is not None:
+                digest = ref.digest
+                if ref.is_digest_prefix:
+                    digest = lookup.unique_digest(s.connection(), ref)
                 newest = s.scalar(select(VersionRow).where(
-                    VersionRow.model_id == model.id, VersionRow.digest == ref.digest,
+                    VersionRow.model_id == model.id, VersionRow.digest == digest,
                     VersionRow.state == READY).order_by(VersionRow.version.desc()).limit(1))
                 if newest is None:
                     raise NotFoundError(
@@ -274,12 +277,23 @@ class Catalog(MirrorStates):
             row.tags = json.dumps(merged, sort_keys=True)
             return self._record(s, model, row)
 
-    def delete_version(self, name: str, version: int) -> VersionRecord:
-        """Turn the version into a tombstone: invisible, its number retired, aliases dropped."""
+    def delete_version(self, name: str, version: int, *,
+                       force: bool = False) -> VersionRecord:
+        """Turn the version into a tombstone: invisible, its number retired, aliases dropped.
+        A version aliases point at is refused unless ``force``: their consumers would break."""
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # no alias may move onto it meanwhile
             row = self._row(s, model, version)
             record = self._record(s, model, row)
+            if record.aliases and not force:
+                shown = ", ".join(f"{name}@{a}" for a in record.aliases)
+                one = len(record.aliases) == 1
+                raise VersionAliasedError(
+                    f"{name}:v{version} is what {shown} point{'s' if one else ''} at; deleting "
+                    f"it would leave every consumer of {'that alias' if one else 'those aliases'}"
+                    f" with NotFoundError. Move the alias first (registry alias {name} "
+                    f"{record.aliases[0]} vN), or delete anyway with force=True "
+                    f"(registry rm --force {name}:v{version})", aliases=record.aliases)
             row.state = DELETED
             row.deleted_at = _now()
             s.execute(delete(VersionFileRow).where(VersionFileRow.version_id == row.id))

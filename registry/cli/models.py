@@ -191,11 +191,15 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
 
 @click.command()
 @click.argument("ref")
+@click.option("--force", is_flag=True,
+              help="Delete even if aliases point at the version (they are removed with it).")
 @click.pass_context
-def rm(ctx: click.Context, ref: str) -> None:
-    """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes."""
-    mv = open_versions(ctx).delete_version(ref)
-    click.echo(f"deleted {mv.ref}")
+def rm(ctx: click.Context, ref: str, force: bool) -> None:
+    """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes.
+    A version that aliases point at is kept unless --force."""
+    mv = open_versions(ctx).delete_version(ref, force=force)
+    click.echo(f"deleted {mv.ref}" + (f" (and {', '.join('@' + a for a in mv.aliases)})"
+                                       if mv.aliases else ""))
 
 
 @click.command()

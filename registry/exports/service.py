@@ -8,7 +8,9 @@ goes (``local.py`` in-process, ``remote.py`` to a server), and nothing here depe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import secrets
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..digests import sha256_file
+from ..digests import hexdigest, sha256_file
 from ..errors import ExportError
 from ..refs import Ref, parse
 from . import records
@@ -41,10 +43,22 @@ def _format_module(fmt: str) -> Any:
     return importlib.import_module(f"{__package__}.{fmt}")
 
 
-def export(registry: Registry, ref: str | Ref, request: ExportRequest,
-           model: Any = None) -> Artifact:
+def export(registry: Registry, ref: str | Ref, request: ExportRequest, model: Any = None,
+           out: str | os.PathLike[str] | None = None) -> Artifact:
     """The artifact ``request`` describes for ``ref``: the stored one when the same parameters
-    were exported before, else exported, verified and stored now."""
+    were exported before, else exported, verified and stored now. Its ``path`` ends in the
+    format's extension: ``out`` (see :func:`destination`), or a link to the verified blob in
+    the cache's ``exports/`` (a blob path has no extension, and ``torch.export.load`` warns)."""
+    artifact = _export(registry, ref, request, model)
+    if out is not None:
+        return dataclasses.replace(artifact, path=copy_to(artifact, Path(out)))
+    return dataclasses.replace(artifact, path=_named_link(
+        path_of(artifact), artifact.digest, SUFFIXES[artifact.format],
+        registry.settings.cache_dir / "exports"))
+
+
+def _export(registry: Registry, ref: str | Ref, request: ExportRequest,
+            model: Any = None) -> Artifact:
     backend = registry.backend
     version = backend.resolve(parse(ref))
     origin = f"{version.name}:v{version.version}"
@@ -125,17 +139,55 @@ def path_of(artifact: Artifact) -> Path:
     return artifact.path
 
 
+def destination(artifact: Artifact, out: Path) -> Path:
+    """Where ``out`` asks an artifact to go: inside it when it is a directory (or ends in a
+    separator), named ``<name>-v<N><ext>``; with the format's extension added when it has none."""
+    suffix = SUFFIXES[artifact.format]
+    if out.is_dir() or str(out).endswith((os.sep, "/")):
+        return out / f"{artifact.ref.replace(':', '-')}{suffix}"
+    return out if out.suffix else out.with_name(out.name + suffix)
+
+
 def copy_to(artifact: Artifact, output: Path) -> Path:
-    """Copy a verified artifact to ``output`` (written beside it, then renamed)."""
-    assert artifact.path is not None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
+    """Copy a verified artifact to :func:`destination` of ``output``, atomically."""
+    target = destination(artifact, output)
+    _write_atomically(path_of(artifact), target)
+    return target
+
+
+def _write_atomically(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` through a temporary file of its own (``mkstemp``) in the
+    same directory, renamed over ``target``: a reader never sees half a file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with open(artifact.path, "rb") as src, open(tmp, "wb") as dst:
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
-        os.replace(tmp, output)
+        os.chmod(name, 0o644)
+        os.replace(name, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _named_link(blob: Path, digest: str, suffix: str, directory: Path) -> Path:
+    """``directory/<hex><suffix>``, a symbolic link to the verified ``blob`` (a copy where links
+    cannot be made), so the artifact's path carries its format's extension."""
+    target = directory / f"{hexdigest(digest)}{suffix}"
+    with contextlib.suppress(OSError):
+        if target.resolve(strict=True) == blob.resolve(strict=True):
+            return target
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{target.name}.{secrets.token_hex(8)}.tmp"
+    try:
+        os.symlink(blob.resolve(), tmp)
+    except OSError:
+        _write_atomically(blob, target)
+        return target
+    try:
+        os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    return output
+    return target

@@ -69,7 +69,8 @@ def test_push_show_ls_pull_tag_alias_rm_gc(env: dict[str, str], checkpoint: Path
     assert "owner=vision" in tagged
     assert "stage" not in run_cli("tag", "mlp:v2", "--rm", "stage", env=env, check=True).stdout
     run_cli("alias", "mlp", "production", "--delete", env=env, check=True)
-    run_cli("rm", "mlp:v1", env=env, check=True)
+    assert run_cli("rm", "mlp:v1", env=env).returncode == 4  # @staging points there
+    run_cli("rm", "--force", "mlp:v1", env=env, check=True)
     run_cli("rm", "mlp:v2", env=env, check=True)
     assert "deleted 1 blob(s)" in run_cli("gc", env=env, check=True).stdout
 

@@ -125,10 +125,24 @@ def test_fp16_model_auto_pulls_float32_on_cpu_with_exact_values(reg: Registry) -
     assert pulled(torch.randn(2, 8)).dtype == torch.float32
 
 
-def test_bf16_stays_bf16_on_cpu(reg: Registry) -> None:
+def test_bf16_auto_pulls_float32_on_cpu_so_a_float32_batch_runs(reg: Registry) -> None:
+    model = trained_mlp().to(torch.bfloat16)
+    reg.push(model, "mlp", factory=MLP)
+    sd = reg.pull_state_dict("mlp", device="cpu")
+    assert sd["fc1.weight"].dtype == torch.float32
+    assert torch.equal(sd["fc1.weight"], model.fc1.weight.detach().float())
+    assert sd["bn.num_batches_tracked"].dtype == torch.int64
+    # The article's error ("Input type (float) and bias type (c10::BFloat16) should be the
+    # same") cannot happen: the module pulled with dtype="auto" takes the user's float32 batch.
+    pulled = reg.pull("mlp", device="cpu")
+    assert pulled.fc1.weight.dtype == torch.float32
+    assert pulled(torch.randn(2, 8)).dtype == torch.float32
+
+
+def test_explicit_bf16_is_obeyed_on_cpu(reg: Registry) -> None:
     model = trained_mlp().to(torch.bfloat16)
     reg.push(model, "mlp")
-    sd = reg.pull_state_dict("mlp", device="cpu")
+    sd = reg.pull_state_dict("mlp", device="cpu", dtype="bfloat16")
     assert sd["fc1.weight"].dtype == torch.bfloat16
     assert sd["bn.num_batches_tracked"].dtype == torch.int64
     assert_same_state(sd, model.state_dict())

@@ -60,7 +60,9 @@ def test_module_level_api_contract(home: Path) -> None:
     assert registry.show("resnet18:v1").aliases == ["staging"]
     assert registry.set_tags("resnet18:v1", {"owner": "vision"}).tags == {
         "dataset": "imagenet", "owner": "vision"}
-    registry.delete_version("resnet18:v1")
+    with pytest.raises(registry.VersionAliasedError, match="resnet18@staging"):
+        registry.delete_version("resnet18:v1")  # @staging still points there
+    registry.delete_version("resnet18:v1", force=True)
     assert registry.list_models() == []
     report = registry.gc()
     assert report.deleted == [mv.digest]

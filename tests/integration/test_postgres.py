@@ -170,9 +170,10 @@ def test_registry_round_trip_on_postgres(pg_url: str, home: Path) -> None:
         reg.set_tags("mlp:v2", {"owner": "vision"})
         assert reg.show("mlp@production").tags == {"owner": "vision"}
         assert reg.show(f"mlp@{v1.digest}").version == 1
+        assert reg.show(f"mlp@{v1.digest[:19]}").version == 1  # the prefix `ls` prints
         with pytest.raises(VersionExistsError, match="v3"):
             reg.push(model, "mlp:v2")
-        reg.delete_version("mlp:v1")
+        reg.delete_version("mlp:v1", force=True)  # @staging points there
         with pytest.raises(NotFoundError, match="deleted"):
             reg.show("mlp:v1")
         assert reg.push(model, "mlp").version == 3  # numbers are never reused

@@ -95,6 +95,45 @@ def test_nested_data_parallel_inside_a_model() -> None:
     assert sorted(w.tensors) == ["0.bias", "0.weight", "inner.bias", "inner.weight"]
 
 
+@pytest.mark.parametrize(
+    ("wrap", "wrapping"),
+    [  # issue #30: PyTorch's recommended order compiles the DDP-wrapped model
+        (lambda m: torch.compile(nn.DataParallel(m)),
+         ["torch.compile", "DataParallel/DistributedDataParallel"]),
+        (lambda m: nn.DataParallel(torch.compile(nn.DataParallel(m))),
+         ["DataParallel/DistributedDataParallel", "torch.compile"]),  # each wrapper named once
+        (lambda m: torch.compile(nn.DataParallel(torch.compile(nn.DataParallel(m)))),
+         ["torch.compile", "DataParallel/DistributedDataParallel"]),
+    ],
+)
+def test_wrapper_prefixes_in_any_order_are_stripped_from_files(tmp_path: Path, wrap,  # type: ignore[no-untyped-def]
+                                                               wrapping: list[str]) -> None:
+    model = trained_mlp()
+    wrapped = wrap(model).state_dict()
+    assert next(iter(wrapped)).split(".")[0] in ("_orig_mod", "module")
+    path = tmp_path / "ckpt.pt"
+    torch.save(wrapped, path)
+    for given in (wrapped, path):
+        w = normalize(given)
+        assert list(w.tensors) == list(model.state_dict())
+        assert w.key_order == list(model.state_dict())
+        assert w.module_metadata == _versions(model)
+        assert w.source["wrapping"] == wrapping
+
+
+def test_compiled_ddp_keys_become_the_plain_keys() -> None:
+    sd = {"_orig_mod.module.conv1.weight": torch.ones(1),
+          "_orig_mod.module._fsdp_wrapped_module.fc._checkpoint_wrapped_module.bias": torch.ones(1)}
+    assert list(normalize(sd).tensors) == ["conv1.weight", "fc.bias"]
+
+
+@pytest.mark.parametrize("key", ["_fsdp_wrapped_module._flat_param",
+                                 "module.layer._orig_mod", "encoder._fsdp_flat_param"])
+def test_a_key_still_naming_a_wrapper_is_refused(key: str) -> None:
+    with pytest.raises(NormalizationError, match=f"key {key!r} still carries the wrapper part"):
+        normalize({key: torch.ones(2), "head.weight": torch.ones(1)})
+
+
 def test_keys_colliding_after_stripping_name_both() -> None:
     sd = {"_orig_mod.fc.weight": torch.ones(1), "fc.weight": torch.zeros(1)}
     with pytest.raises(NormalizationError, match="'_orig_mod.fc.weight' and 'fc.weight'"):
