@@ -29,13 +29,14 @@ import itertools
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # manifest -> architectures -> here: the torch-free CLI imports this module
+    from torch import nn
 
 Signature = dict[str, tuple[int, ...]]
 # Builds ``make()`` (parameters on meta) and returns its keys and shapes; raises if it cannot.
-SignatureOf = Callable[[Callable[[], nn.Module]], Signature]
+SignatureOf = Callable[[Callable[[], "nn.Module"]], Signature]
 
 # Keyword arguments that fetch weights: always None, so neither capture nor pull downloads.
 _NO_FETCH = ("weights_backbone",)

@@ -53,8 +53,6 @@ def test_the_quick_start_is_the_design_cards_calls_in_five_lines() -> None:
     assert "factory" not in _quick_start() and "name=" not in _quick_start()
 
 
-@pytest.mark.xfail(strict=True, reason="needs torchvision capture (issue 30, item 1, built on "
-                   "another branch): remove this mark when it is merged")
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", _quick_start()], env=clean_env(tmp_path / "home"),
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
