@@ -105,7 +105,8 @@ def test_onnx_without_its_extra_names_the_install(monkeypatch: pytest.MonkeyPatc
     from registry.exports import onnx
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
-    with pytest.raises(ExportError, match=r"needs onnxruntime.*pip install 'torch-registry\[export\]'"):
+    with pytest.raises(ExportError,
+                       match=r"needs onnxruntime.*pip install 'torch-registry\[export\]'"):
         onnx._require("onnxruntime")
 
 
