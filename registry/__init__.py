@@ -31,7 +31,9 @@ from ._api import (
 )
 from .client import Registry
 from .errors import (
+    AdapterError,
     ArchitectureUnknownError,
+    BaseNotFoundError,
     CatalogUnavailableError,
     CheckpointError,
     DeviceUnavailableError,
@@ -44,9 +46,12 @@ from .errors import (
     MlflowUnavailableError,
     NormalizationError,
     NotFoundError,
+    QuantizationError,
+    ReferencedVersionError,
     RefError,
     RegistryError,
     SchemaOutOfDateError,
+    SchemeDeviceError,
     SettingsError,
     StateDictMismatchError,
     StoreUnavailableError,
@@ -66,8 +71,10 @@ from .settings import Settings
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterError",
     "ArchitectureUnknownError",
     "Artifact",
+    "BaseNotFoundError",
     "CatalogUnavailableError",
     "CheckpointError",
     "DeviceUnavailableError",
@@ -82,11 +89,14 @@ __all__ = [
     "ModelVersion",
     "NormalizationError",
     "NotFoundError",
+    "QuantizationError",
     "Ref",
     "RefError",
+    "ReferencedVersionError",
     "Registry",
     "RegistryError",
     "SchemaOutOfDateError",
+    "SchemeDeviceError",
     "Settings",
     "SettingsError",
     "StateDictMismatchError",

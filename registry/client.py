@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments, placement, prefault
+from . import architectures, attachments, placement, prefault, quantized
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -178,6 +178,7 @@ class Registry:
                     "key_order": weights.key_order,
                     "tags": tag_map,
                     **({"attachments": attached} if attached else {}),
+                    **({"quantization": weights.quantization} if weights.quantization else {}),
                 }
 
             result = self._backend.push(target, claim, staged, manifest_for, tag_map,
@@ -219,19 +220,24 @@ class Registry:
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
         ref_text = f"{record.name}:v{record.version}"
+        # A quantized version's stored components rebuild its quantized tensors (quantized.py).
+        scheme = quantized.scheme_of(manifest, ref_text)
+        device = scheme.auto_device(device, facts)
         tied = dict(manifest["source"].get("tied", {}))
+        stored = scheme.module_keys({*manifest["tensors"], *tied})
         module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, ref_text,
-                                  stored={*manifest["tensors"], *tied})
-        tied.update(mat.implied_ties(module, {*manifest["tensors"], *tied}))
+                                  self.settings.trusted_factories, ref_text, stored=stored)
+        tied.update(mat.implied_ties(module, stored))
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
-        mat.check_fits(module, stored_shapes, ref_text)
+        mat.check_fits(module, scheme.shapes(stored_shapes), ref_text)
         policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
         placed = placement.plan(module, manifest, device=device, device_map=device_map,
                                 max_memory=max_memory, no_split=no_split, dtype=requested,
-                                facts=facts)
-        state = self._read(record, placed.device_of, policy, tied)
+                                facts=facts, sizes=scheme.sizes(manifest))
+        scheme.check_devices(placed.devices, facts, requested)
+        state = self._read(record, placed.device_of, scheme.policy(policy), tied)
+        state = scheme.rebuild(module, state, requested)
         mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
         architectures.retie(module)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
