@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments, placement, prefault, quantized
+from . import adapters, architectures, attachments, placement, prefault, quantized
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, RefError, SettingsError
+from .checked import checked as _checked
+from .errors import RefError, SettingsError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
 from .gc import GcReport
@@ -40,7 +41,7 @@ from .settings import Settings, parse_size
 from .staging import Stagings
 from .statedict import ordered_state
 from .store import ObjectStore
-from .weights import load_shard, write_shards
+from .weights import DtypeFor, load_shard, write_shards
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -109,6 +110,7 @@ class Registry:
         keep_in_fp32: Iterable[str] = (),
         shard_size: int | str | None = None,
         files: Mapping[str, str | os.PathLike[str]] | None = None,
+        base: str | Ref | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -122,6 +124,8 @@ class Registry:
         Weights are cut into safetensors shards of about ``shard_size`` (default
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
+        A PEFT model stores its LoRA adapter alone, over ``base`` (default: the stored version
+        holding its base weights).
         """
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
@@ -139,11 +143,20 @@ class Registry:
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
+        sections: dict[str, Any] = {}  # manifest sections of quantized and adapter versions
+        if adapters.is_adapter(model):
+            adapter = adapters.capture(model)
+            found = adapters.base_of(adapter, self._backend.resolve(parse(base)) if base
+                                     else None, self._newest_first)
+            sections["adapter"] = {**adapter.record, "base": adapters.base_entry(found)}
+            model, target = adapter.tensors, target or tag_map.get("name") or f"{found.name}-lora"
         named = attachments.collect(model, files)
         if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
             architecture = attachments.transformers_architecture(Path(model)) or {}
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
                             record_architecture=factory is None)
+        if weights.quantization:
+            sections["quantization"] = weights.quantization
         architecture = {**weights.architecture, **architecture}
         if target is None:
             target = architectures.default_name(tag_map, architecture)
@@ -178,7 +191,7 @@ class Registry:
                     "key_order": weights.key_order,
                     "tags": tag_map,
                     **({"attachments": attached} if attached else {}),
-                    **({"quantization": weights.quantization} if weights.quantization else {}),
+                    **sections,
                 }
 
             result = self._backend.push(target, claim, staged, manifest_for, tag_map,
@@ -187,6 +200,10 @@ class Registry:
             for s in staged:
                 s.path.unlink(missing_ok=True)
         return _version(result.record, push=result.report())
+
+    def _newest_first(self) -> Iterable[VersionRecord]:
+        return (r for name in self._backend.list_models()
+                for r in reversed(self._backend.list_versions(name)))
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -201,16 +218,25 @@ class Registry:
         max_memory: Mapping[str, int | str] | None = None,
         no_split: NoSplit = None,
         align_inputs: bool = False,
+        merge: bool = False,
     ) -> nn.Module:
         """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode.
 
         ``device_map="auto"`` keeps tied weights and ``no_split`` blocks (default: the model's
         ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
         to the module's device and dtype and returns outputs where the inputs came from.
+        An adapter version comes back on its base (a ``PeftModel``; merged with ``merge=True``).
         """
         record = _checked(self._backend.resolve(parse(ref)))
-        return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
-                          align_inputs)
+        if "adapter" not in record.manifest:
+            return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
+                              align_inputs)
+        return adapters.pull(
+            record, lambda ref: _checked(self._backend.resolve(ref)),
+            lambda base: self._pull(base, device, dtype, model, device_map, max_memory, no_split,
+                                    align_inputs),
+            lambda target: self._read(record, lambda _k: target, adapters.as_stored, {}),
+            merge=merge)
 
     def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
               model: mat.ModelSpec, device_map: DeviceMap,
@@ -220,8 +246,7 @@ class Registry:
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
         ref_text = f"{record.name}:v{record.version}"
-        # A quantized version's stored components rebuild its quantized tensors (quantized.py).
-        scheme = quantized.scheme_of(manifest, ref_text)
+        scheme = quantized.scheme_of(manifest, ref_text)  # quantized.Plain for float versions
         device = scheme.auto_device(device, facts)
         tied = dict(manifest["source"].get("tied", {}))
         stored = scheme.module_keys({*manifest["tensors"], *tied})
@@ -285,7 +310,7 @@ class Registry:
         state.update(manifest.get("extras", {}))
         return ordered_state(state, manifest)
 
-    def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
+    def _read(self, record: VersionRecord, placement: Any, policy: DtypeFor,
               tied: dict[str, str]) -> dict[str, torch.Tensor]:
         """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
         fetched into the verified cache side by side, and each is loaded as soon as it is
@@ -338,12 +363,20 @@ class Registry:
         return _version(self._backend.set_tags(resolved.name, resolved.version,
                                                validate_tags(tags, removals=True)))
 
-    def delete_version(self, ref: str | Ref) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused."""
+    def list_adapters(self, ref: str | Ref) -> list[ModelVersion]:
+        """The adapter versions over the version ``ref`` names."""
+        return [_version(r) for r in adapters.over(self._backend.resolve(parse(ref)),
+                                                   self._newest_first())]
+
+    def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
+        """Delete one explicit version (``name:vN``); its number is never reused. A base that
+        adapter versions name is kept unless ``force``."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
+        if not force:
+            adapters.refuse_deleting(self._backend.resolve(parsed), self._newest_first())
         return _version(self._backend.delete_version(parsed.name, parsed.version))
 
     # -- exports: the logic lives in registry/exports ----------------------------------------
@@ -404,38 +437,6 @@ def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> Mo
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                         list(record.aliases), metadata)
-
-
-# Manifest texts that passed mf.validate in this process: a record parsed from one of them
-# holds the same manifest, so only the checks against the record itself run again (0.1 ms of a
-# small pull). Bounded in count and characters; cleared when full.
-_VALID_TEXTS: dict[str, None] = {}
-_MAX_VALID_TEXTS = 32
-_MAX_VALID_CHARS = 16_000_000
-
-
-def _checked(record: VersionRecord) -> VersionRecord:
-    """``record`` once its manifest passed the schema and names the digest the catalog shows:
-    a manifest edited to list other files is refused before a byte is read."""
-    origin = f"{record.name}:v{record.version}"
-    text = record.manifest_text
-    if text is None or text not in _VALID_TEXTS:
-        mf.validate(record.manifest, origin=origin)
-        if text is not None:
-            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS \
-                    or sum(map(len, _VALID_TEXTS)) + len(text) > _MAX_VALID_CHARS:
-                _VALID_TEXTS.clear()
-            _VALID_TEXTS[text] = None
-    manifest = record.manifest
-    if manifest["name"] != record.name or manifest["version"] != record.version:
-        raise DigestMismatchError(f"the manifest of {origin} describes {manifest['name']}:v"
-                                  f"{manifest['version']}; it was not used")
-    if manifest["digest"] != record.digest:
-        raise DigestMismatchError(
-            f"{origin} is recorded with digest {record.digest} but its manifest lists files "
-            f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
-            "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
-    return record
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

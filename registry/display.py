@@ -32,6 +32,8 @@ def version_table(mv: ModelVersion) -> str:
         ("size", human_bytes(int(source.get("size_bytes", 0)))),
         *([("quantization", _quantization(meta["quantization"]))]
           if isinstance(meta.get("quantization"), dict) else []),
+        *([("adapter", _adapter(meta["adapter"]))] if isinstance(meta.get("adapter"), dict)
+          else []),
         ("tensors", str(meta.get("tensor_count", "-"))),
         ("files", _attachments(meta.get("attachments", []))),
         ("trained on", ", ".join(source.get("devices", [])) or "unknown"),
@@ -66,6 +68,16 @@ def _quantization(q: dict[str, Any]) -> str:
     runs = ", ".join(str(d) for d in q.get("devices", [])) or "-"
     return (f"{q.get('library')} {q.get('library_version')} {q.get('method')} "
             f"(group sizes {groups}; runs on {runs})")
+
+
+def _adapter(a: dict[str, Any]) -> str:
+    """``peft 0.21.2 LORA r=4 on c_attn over gpt2-tiny:v1 (sha256:ab12…)``."""
+    config, base = a.get("config") or {}, a.get("base") or {}
+    targets = config.get("target_modules")
+    shown = ", ".join(targets) if isinstance(targets, list) else str(targets)
+    return (f"{a.get('library')} {a.get('library_version')} {a.get('peft_type')} "
+            f"r={config.get('r')} on {shown} over {base.get('name')}:v{base.get('version')} "
+            f"({str(base.get('digest'))[:19]}…)")
 
 
 def _attachments(files: list[dict[str, Any]], shown: int = 6) -> str:

@@ -118,7 +118,7 @@ def _flatten_torchao(module: nn.Module, state: Mapping[str, Any],
 
 
 def _flatten_dynamic(module: nn.Module, state: Mapping[str, Any],
-                     dynamic: list[tuple[str, nn.Module]]) -> Flattened:
+                     dynamic: list[tuple[str, Any]]) -> Flattened:
     prefixes = tuple(f"{p}." for p, _ in dynamic)
     out: dict[str, Any] = {k: v for k, v in state.items() if not k.startswith(prefixes)}
     modules: list[dict[str, Any]] = []

@@ -115,10 +115,14 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
             click.echo(versions_table(latest).replace("VERSION", "LATEST ", 1))
         return
     versions = reg.list_versions(name)
+    # Adapter versions over any version of NAME (issue 35).
+    over = [a for mv in versions for a in reg.list_adapters(mv.ref)]
     if as_json:
         emit_json([mv.to_dict() for mv in versions])
     else:
         click.echo(versions_table(versions))
+        if over:
+            click.echo("\nadapters:\n" + versions_table(over))
 
 
 @click.command()
@@ -182,10 +186,11 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
 
 @click.command()
 @click.argument("ref")
+@click.option("--force", is_flag=True, help="Delete a base even while adapters name it.")
 @click.pass_context
-def rm(ctx: click.Context, ref: str) -> None:
+def rm(ctx: click.Context, ref: str, force: bool) -> None:
     """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes."""
-    mv = open_registry(ctx).delete_version(ref)
+    mv = open_registry(ctx).delete_version(ref, force=force)
     click.echo(f"deleted {mv.ref}")
 
 
