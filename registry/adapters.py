@@ -15,10 +15,13 @@ refused), and the targets it names must exist in the base before PEFT touches it
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -245,6 +248,35 @@ def check(record: object, origin: str) -> dict[str, Any]:
         raise AdapterError(f"{origin}: its adapter record names no base; it was not used")
     _lora_config(record, origin)
     return record
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+                     dest_dir: str | os.PathLike[str], origin: str) -> Path:
+    """Write an adapter version as the directory ``PeftModel.from_pretrained`` loads on its
+    base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them)."""
+    from . import attachments
+    from .weights import load_shard, write_safetensors
+
+    record = check(manifest["adapter"], origin)
+    root = Path(dest_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in manifest["files"]:
+        keys = f.get("tensors", list(manifest["tensors"]))
+        tensors.update(load_shard(blob_path(f["digest"], f["size"]),
+                                  {k: manifest["tensors"][k] for k in keys},
+                                  lambda _k: torch.device("cpu"), as_stored, origin=origin))
+    write_safetensors({k: t.contiguous() for k, t in tensors.items()}, root / ADAPTER_WEIGHTS)
+    base = record["base"]
+    config = {**record["config"], "peft_type": LORA,
+              "base_model_name_or_path": f"{base['name']}:v{base.get('version')}"}
+    attachments.write_bytes(root / ADAPTER_CONFIG,
+                            (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return root
 
 
 def _lora_config(record: Mapping[str, Any], origin: str) -> Any:

@@ -132,3 +132,15 @@ def test_the_cli_shows_the_base_lists_adapters_and_needs_force(reg: Registry, ho
     refused = run_cli("rm", "gpt2-tiny:v1", env=env)
     assert refused.returncode != 0 and "lora:v1" in refused.stderr and "--force" in refused.stderr
     run_cli("rm", "gpt2-tiny:v1", "--force", env=env, check=True)
+
+
+def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry,
+                                                                   tmp_path) -> None:
+    reg.push(_base(), "gpt2-tiny")
+    tuned = _lora(_base())
+    mv = reg.push(tuned, "lora", base="gpt2-tiny:v1")
+    out = reg.save_pretrained(mv.ref, tmp_path / "adapter")
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json",
+                                                     "adapter_model.safetensors"]
+    loaded = peft.PeftModel.from_pretrained(_base(), out).eval()
+    torch.testing.assert_close(loaded(IDS).logits, tuned(IDS).logits)

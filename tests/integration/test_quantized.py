@@ -203,3 +203,38 @@ def test_show_names_the_scheme(reg: Registry) -> None:
     assert "quantization" in table and "torchao 0." in table and "int8_weight_only" in table
     assert "runs on cpu, cuda" in table
     assert json.dumps(reg.show(mv.ref).to_dict()["metadata"]["quantization"])
+
+
+def test_save_pretrained_of_a_quantized_transformers_model_loads_back_quantized(
+        reg: Registry, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2,
+                                      vocab_size=100)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "float")
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "float", dtype=torch.float32,
+        quantization_config=transformers.TorchAoConfig(Int8WeightOnlyConfig()))
+    mv = reg.push(model, "llama-int8")
+    out = reg.save_pretrained(mv.ref, tmp_path / "hf")
+    written = json.loads((out / "config.json").read_text())
+    assert written["quantization_config"]["quant_method"] == "torchao"
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert type(back.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
+    ids = torch.randint(0, 100, (1, 8))
+    torch.testing.assert_close(back(ids).logits, model(ids).logits)
+
+
+def test_save_pretrained_refuses_what_transformers_could_not_load_quantized(
+        reg: Registry, tmp_path: Path) -> None:
+    from registry.errors import QuantizationError
+
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=100))
+    quantize_(model, Int8WeightOnlyConfig())  # quantized without a quantization_config
+    mv = reg.push(model, "llama-int8")
+    with pytest.raises(QuantizationError, match="without a transformers quantization_config"):
+        reg.save_pretrained(mv.ref, tmp_path / "hf")
