@@ -35,6 +35,7 @@ from .errors import (
     ReferencedVersionError,
     quoted,
 )
+from .materialize import empty_parameters
 from .normalize import normalize
 from .refs import Ref
 from .weights import safetensors_header, tensor_bytes
@@ -144,7 +145,7 @@ def base_of(adapter: Captured, named: Any | None,
     """The base version of a pushed adapter: ``named`` once its modules fit, else the stored
     version whose weights are the PEFT model's base weights."""
     if named is not None:
-        check_targets(adapter.record, named.manifest["tensors"],
+        check_targets(adapter.record, {k.rpartition(".")[0] for k in named.manifest["tensors"]},
                       f"{named.name}:v{named.version}")
         return named
     return find_base(normalize(base_tensors(adapter.base)).tensors, versions(),
@@ -177,10 +178,10 @@ def base_entry(record: Any) -> dict[str, Any]:
     return {"name": record.name, "version": record.version, "digest": record.digest}
 
 
-def check_targets(record: Mapping[str, Any], module_keys: Iterable[str], origin: str) -> None:
-    """Every module an adapter targets exists in its base (keys of the base's state dict)."""
+def check_targets(record: Mapping[str, Any], modules: Iterable[str], origin: str) -> None:
+    """Every module an adapter targets exists in its base (``modules``: its module paths)."""
     config = _lora_config(record, origin)
-    modules = {k.rpartition(".")[0] for k in module_keys}
+    modules = set(modules)
     targets = config.target_modules
     if isinstance(targets, str):
         found = any(re.fullmatch(targets, m) for m in modules)
@@ -202,19 +203,52 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     import peft
 
     config = _lora_config(record, origin)
-    check_targets(record, base.state_dict().keys(), origin)
-    model = peft.get_peft_model(base, config, low_cpu_mem_usage=True)
-    result: Any = peft.set_peft_model_state_dict(model, dict(tensors), low_cpu_mem_usage=True)
-    lost = [k for k in result.missing_keys if "lora_" in k]
-    if result.unexpected_keys or lost:
-        raise AdapterError(
-            f"{origin}: the stored adapter tensors do not fit its config on the base "
-            f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push the "
-            "adapter again")
+    check_targets(record, (name for name, _ in base.named_modules()), origin)
+    # LoRA layers are created on meta with their init skipped (materialize.empty_parameters):
+    # the stored tensors replace them.
+    with empty_parameters():
+        model = peft.get_peft_model(base, config, low_cpu_mem_usage=True)
+    if not _assign_plain_lora(model, tensors):
+        result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
+                                                     low_cpu_mem_usage=True)
+        lost = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or lost:
+            raise AdapterError(
+                f"{origin}: the stored adapter tensors do not fit its config on the base "
+                f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push "
+                "the adapter again")
     model.eval()
     if merge:
         return model.merge_and_unload().eval()
     return model
+
+
+def _assign_plain_lora(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Assign plain LoRA tensors (``<path>.lora_A.weight``, ``<path>.lora_B.weight``) to the
+    default adapter's parameters, as ``set_peft_model_state_dict`` would, without its walks
+    over the whole model's state dict (most of an adapter pull's time); False, assigning
+    nothing, for anything else (DoRA, saved modules, biases), which PEFT then loads."""
+    plan: list[tuple[nn.Module, torch.Tensor]] = []
+    for key, tensor in tensors.items():
+        head, _, leaf = key.rpartition(".")
+        owner, _, part = head.rpartition(".")
+        if leaf != "weight" or part not in ("lora_A", "lora_B"):
+            return False
+        try:
+            holder = model.get_submodule(f"{owner}.{part}.default")
+        except AttributeError:
+            return False
+        old = holder._parameters.get("weight")
+        if old is None or tuple(old.shape) != tuple(tensor.shape):
+            return False
+        plan.append((holder, tensor))
+    lora = [p for n, p in model.named_parameters() if ".lora_" in n]
+    if len(lora) != len(plan):
+        return False
+    for holder, tensor in plan:
+        old = holder._parameters["weight"]
+        holder._parameters["weight"] = nn.Parameter(tensor, requires_grad=old.requires_grad)
+    return True
 
 
 def over(base: Any, versions: Iterable[Any]) -> list[Any]:
