@@ -228,7 +228,7 @@ def _assign_plain_lora(model: nn.Module, tensors: Mapping[str, torch.Tensor]) ->
     default adapter's parameters, as ``set_peft_model_state_dict`` would, without its walks
     over the whole model's state dict (most of an adapter pull's time); False, assigning
     nothing, for anything else (DoRA, saved modules, biases), which PEFT then loads."""
-    plan: list[tuple[nn.Module, torch.Tensor]] = []
+    plan: list[tuple[nn.Module, torch.Tensor, bool]] = []
     for key, tensor in tensors.items():
         head, _, leaf = key.rpartition(".")
         owner, _, part = head.rpartition(".")
@@ -241,13 +241,12 @@ def _assign_plain_lora(model: nn.Module, tensors: Mapping[str, torch.Tensor]) ->
         old = holder._parameters.get("weight")
         if old is None or tuple(old.shape) != tuple(tensor.shape):
             return False
-        plan.append((holder, tensor))
+        plan.append((holder, tensor, old.requires_grad))
     lora = [p for n, p in model.named_parameters() if ".lora_" in n]
     if len(lora) != len(plan):
         return False
-    for holder, tensor in plan:
-        old = holder._parameters["weight"]
-        holder._parameters["weight"] = nn.Parameter(tensor, requires_grad=old.requires_grad)
+    for holder, tensor, grad in plan:
+        holder._parameters["weight"] = nn.Parameter(tensor, requires_grad=grad)
     return True
 
 

@@ -303,6 +303,11 @@ def version_tags(record: VersionRecord, blob_uri: str) -> dict[str, str]:
         "registry.shards": str(len(record.manifest.get("files", ()))),
         "registry.blob_uri": blob_uri,
     })
+    quant, adapter = record.manifest.get("quantization"), record.manifest.get("adapter")
+    if isinstance(quant, dict):  # issue 35: the scheme, and the base of an adapter
+        tags["registry.quantization"] = f"{quant.get('library')} {quant.get('method')}"[:5000]
+    if isinstance(adapter, dict) and isinstance(base := adapter.get("base"), dict):
+        tags["registry.adapter_base"] = f"{base.get('name')}:v{base.get('version')}"[:5000]
     return tags
 
 

@@ -51,7 +51,9 @@ def _dynamic(qconfig: object = None) -> nn.Module:
 
 def _stored_components(reg: Registry, ref: str) -> dict[str, torch.Tensor]:
     """The component tensors exactly as the store holds them."""
-    record = reg.backend.resolve(__import__("registry").refs.parse(ref))
+    from registry.refs import parse
+
+    record = reg.backend.resolve(parse(ref))
     out: dict[str, torch.Tensor] = {}
     for f in record.manifest["files"]:
         with safe_open(reg.backend.blob_path(f["digest"], f["size"]), "pt") as fh:
@@ -238,3 +240,14 @@ def test_save_pretrained_refuses_what_transformers_could_not_load_quantized(
     mv = reg.push(model, "llama-int8")
     with pytest.raises(QuantizationError, match="without a transformers quantization_config"):
         reg.save_pretrained(mv.ref, tmp_path / "hf")
+
+
+def test_the_mlflow_mirror_shows_the_scheme(reg: Registry) -> None:
+    from registry.mirror_mlflow import describe, version_tags
+    from registry.refs import parse
+
+    mv = reg.push(_torchao(Int8WeightOnlyConfig()), "q")
+    record = reg.backend.resolve(parse(mv.ref))
+    assert version_tags(record, "file:///x")["registry.quantization"] == \
+        "torchao int8_weight_only"
+    assert "| quantization | torchao" in describe(record)
