@@ -250,17 +250,24 @@ def _assign_plain_lora(model: nn.Module, tensors: Mapping[str, torch.Tensor]) ->
     return True
 
 
-def over(base: Any, versions: Iterable[Any]) -> list[Any]:
-    """The adapter versions among ``versions`` whose base is ``base`` (by name and digest)."""
+def over(bases: Iterable[Any], versions: Iterable[Any]) -> list[Any]:
+    """The adapter versions among ``versions`` over one of ``bases`` (by name and digest: an
+    adapter pulls the newest version of its base's name holding its base's weights)."""
+    wanted = {(b.name, b.digest) for b in bases}
     return [r for r in versions
             if isinstance(a := r.manifest.get("adapter"), dict)
             and isinstance(b := a.get("base"), dict)
-            and b.get("name") == base.name and b.get("digest") == base.digest]
+            and (b.get("name"), b.get("digest")) in wanted]
 
 
 def refuse_deleting(base: Any, versions: Iterable[Any]) -> None:
-    """Refuse deleting ``base`` while adapter versions name it."""
-    users = [f"{r.name}:v{r.version}" for r in over(base, versions)]
+    """Refuse deleting ``base`` while adapter versions name it and no other version of its
+    name holds the same weights."""
+    every = list(versions)
+    if any(r.name == base.name and r.digest == base.digest and r.version != base.version
+           for r in every):
+        return
+    users = [f"{r.name}:v{r.version}" for r in over([base], every)]
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         raise ReferencedVersionError(

@@ -143,7 +143,7 @@ class Registry:
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
-        sections: dict[str, Any] = {}  # manifest sections of quantized and adapter versions
+        sections: dict[str, Any] = {}  # an adapter version's manifest section
         if adapters.is_adapter(model):
             adapter = adapters.capture(model)
             found = adapters.base_of(adapter, self._backend.resolve(parse(base)) if base
@@ -155,8 +155,6 @@ class Registry:
             architecture = attachments.transformers_architecture(Path(model)) or {}
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
                             record_architecture=factory is None)
-        if weights.quantization:
-            sections["quantization"] = weights.quantization
         architecture = {**weights.architecture, **architecture}
         if target is None:
             target = architectures.default_name(tag_map, architecture)
@@ -191,6 +189,7 @@ class Registry:
                     "key_order": weights.key_order,
                     "tags": tag_map,
                     **({"attachments": attached} if attached else {}),
+                    **({"quantization": weights.quantization} if weights.quantization else {}),
                     **sections,
                 }
 
@@ -364,13 +363,14 @@ class Registry:
                                                validate_tags(tags, removals=True)))
 
     def list_adapters(self, ref: str | Ref) -> list[ModelVersion]:
-        """The adapter versions over the version ``ref`` names."""
-        return [_version(r) for r in adapters.over(self._backend.resolve(parse(ref)),
-                                                   self._newest_first())]
+        """The adapter versions over the version ``ref`` names (any version of a bare name)."""
+        parsed = parse(ref)
+        bases = (self._backend.list_versions(parsed.name) if parsed.is_latest
+                 else [self._backend.resolve(parsed)])
+        return [_version(r) for r in adapters.over(bases, self._newest_first())]
 
     def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
-        """Delete one explicit version (``name:vN``); its number is never reused. A base that
-        adapter versions name is kept unless ``force``."""
+        """Delete ``name:vN`` (its number is never reused); a base of adapters needs ``force``."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "

@@ -115,8 +115,7 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
             click.echo(versions_table(latest).replace("VERSION", "LATEST ", 1))
         return
     versions = reg.list_versions(name)
-    # Adapter versions over any version of NAME (issue 35).
-    over = [a for mv in versions for a in reg.list_adapters(mv.ref)]
+    over = reg.list_adapters(name)  # adapter versions over any version of NAME (issue 35)
     if as_json:
         emit_json([mv.to_dict() for mv in versions])
     else:

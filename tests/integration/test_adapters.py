@@ -89,6 +89,8 @@ def test_ls_and_delete_know_the_adapters_of_a_base(reg: Registry) -> None:
     reg.push(_base(), "gpt2-tiny")
     mv = reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
     assert [a.ref for a in reg.list_adapters("gpt2-tiny:v1")] == [mv.ref]
+    assert [a.ref for a in reg.list_adapters("gpt2-tiny")] == [mv.ref]  # any version
+    assert reg.list_adapters("lora") == []
     with pytest.raises(ReferencedVersionError, match="lora:v1.*force=True"):
         reg.delete_version("gpt2-tiny:v1")
     assert reg.show("gpt2-tiny:v1")
@@ -98,6 +100,11 @@ def test_ls_and_delete_know_the_adapters_of_a_base(reg: Registry) -> None:
     # The same weights pushed again are the base again: the adapter names them by digest.
     reg.push(_base(), "gpt2-tiny")
     assert isinstance(reg.pull(mv.ref, device="cpu"), peft.PeftModel)
+    # While another version holds the same weights, deleting one of them leaves the base.
+    reg.push(_base(), "gpt2-tiny")
+    reg.delete_version("gpt2-tiny:v2")
+    with pytest.raises(ReferencedVersionError):
+        reg.delete_version("gpt2-tiny:v3")
 
 
 def test_the_base_is_pulled_through_the_same_cache(reg: Registry, monkeypatch) -> None:
