@@ -251,3 +251,19 @@ def test_the_mlflow_mirror_shows_the_scheme(reg: Registry) -> None:
     assert version_tags(record, "file:///x")["registry.quantization"] == \
         "torchao int8_weight_only"
     assert "| quantization | torchao" in describe(record)
+
+
+def test_int4_which_has_no_cpu_kernels_is_refused_on_the_cpu(reg: Registry) -> None:
+    """torchao's int4 cannot be built here (Int4WeightOnlyConfig needs mslk): a version that
+    records it, made by relabelling an int8 one, is refused on the CPU before anything loads."""
+    from registry.errors import SchemeDeviceError as Refused
+    from tests.security.test_manifests import _edit_catalog, _manifest
+
+    reg.push(_torchao(Int8WeightOnlyConfig()), "q")
+    manifest = _manifest(reg, "q:v1")
+    manifest["quantization"]["method"] = "int4_weight_only"
+    _edit_catalog(reg, "q", 1, manifest=json.dumps(manifest))
+    for device in ("cpu", "auto"):
+        with pytest.raises(Refused, match=r"int4_weight_only.*runs on: cuda \(capability >= "
+                                          r"8.0\)"):
+            reg.pull("q:v1", device=device, model=_float)
