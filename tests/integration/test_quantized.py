@@ -189,8 +189,13 @@ def test_device_map_auto_plans_quantized_modules_by_their_stored_bytes(
     model = Deep()
     quantize_(model, Int8WeightOnlyConfig())
     mv = reg.push(model, "deep")
-    # A layer's float weight is 16 KiB; stored as int8 (plus scales) it is about 4.5 KiB, so
-    # a CPU budget of 20 KiB holds all four layers only when planned by stored bytes.
+    # A layer's float weight is 16 KiB; stored as int8 (plus scales) it is about 4.5 KiB: a
+    # CPU budget of 20 KB holds all four layers when planned by stored bytes (not by float
+    # bytes), and one of 10 KB does not (the stored components count, not nothing).
+    from registry.errors import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="no device has that much left"):
+        reg.pull(mv.ref, model=Deep, device_map="auto", max_memory={"cpu": 10_000})
     pulled = reg.pull(mv.ref, model=Deep, device_map="auto", max_memory={"cpu": 20_000})
     assert type(pulled.layers[3].weight).__name__ == "Int8Tensor"
     x = torch.randn(2, 64)
