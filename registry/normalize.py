@@ -324,6 +324,10 @@ def _check_storable(key: str, tensor: torch.Tensor) -> None:
             f"tensor {key!r} is quantized ({tensor.dtype}); push the float model and quantize "
             "after pulling"
         )
+    if type(tensor).__module__.startswith("torchao."):
+        raise NormalizationError(
+            f"tensor {key!r} is a torchao {type(tensor).__name__} in a bare state dict; push "
+            "the quantized module itself, whose scheme is then recorded (registry/quantized.py)")
     if tensor.is_meta:
         raise NormalizationError(
             f"tensor {key!r} is on the meta device and has no data; load real weights before "

@@ -119,6 +119,10 @@ def test_a_dynamically_quantized_module_round_trips(reg: Registry) -> None:
 def test_a_quantized_state_dict_is_still_refused_with_the_way_out(reg: Registry) -> None:
     with pytest.raises(NormalizationError, match="packed quantized parameters"):
         reg.push(_dynamic().state_dict(), "q")
+    # torchao's subclasses in a bare dict: a typed error, not torch's "invalid python storage".
+    with pytest.raises(NormalizationError, match="push the quantized module itself"):
+        reg.push(_torchao(Int8WeightOnlyConfig()).state_dict(), "q")
+    assert reg.list_models() == []
 
 
 def test_a_transformers_model_loaded_with_a_quantization_config(reg: Registry,
