@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, model, oci, peers, rows, shards
+from . import cuda, model, oci, peers, quantized, rows, shards
 from .measure import ROOT, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -30,6 +30,7 @@ GROUPS = [
     ((17,), peers.small_pull),
     ((18,), cuda.cuda_pull),
     ((19, 20, 21), oci.oci_rows),
+    ((22, 23, 24), quantized.quantized_rows),
 ]
 
 

@@ -14,7 +14,9 @@ import importlib
 import typing
 
 from .errors import (
+    AdapterError,
     ArchitectureUnknownError,
+    BaseNotFoundError,
     CatalogUnavailableError,
     CheckpointError,
     DeviceUnavailableError,
@@ -30,9 +32,12 @@ from .errors import (
     NotFoundError,
     OciArtifactError,
     OciUnavailableError,
+    QuantizationError,
+    ReferencedVersionError,
     RefError,
     RegistryError,
     SchemaOutOfDateError,
+    SchemeDeviceError,
     SettingsError,
     StateDictMismatchError,
     StoreUnavailableError,
@@ -61,6 +66,7 @@ if typing.TYPE_CHECKING:
         export,
         gc,
         import_oci,
+        list_adapters,
         list_exports,
         list_models,
         list_versions,
@@ -84,8 +90,9 @@ if typing.TYPE_CHECKING:
 _LAZY = {
     **{name: "._api" for name in (
         "default_registry", "delete_alias", "delete_version", "export", "gc", "import_oci",
-        "list_exports", "list_models", "list_versions", "pull", "pull_export", "pull_files",
-        "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias", "set_tags", "show")},
+        "list_adapters", "list_exports", "list_models", "list_versions", "pull", "pull_export",
+        "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
+        "set_tags", "show")},
     "Registry": ".client",
     "Artifact": ".exports",
 }
@@ -107,8 +114,10 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterError",
     "ArchitectureUnknownError",
     "Artifact",
+    "BaseNotFoundError",
     "CatalogUnavailableError",
     "CheckpointError",
     "DeviceUnavailableError",
@@ -127,11 +136,14 @@ __all__ = [
     "OciArtifactError",
     "OciPush",
     "OciUnavailableError",
+    "QuantizationError",
     "Ref",
     "RefError",
+    "ReferencedVersionError",
     "Registry",
     "RegistryError",
     "SchemaOutOfDateError",
+    "SchemeDeviceError",
     "Settings",
     "SettingsError",
     "StateDictMismatchError",
@@ -148,6 +160,7 @@ __all__ = [
     "export",
     "gc",
     "import_oci",
+    "list_adapters",
     "list_exports",
     "list_models",
     "list_versions",

@@ -46,23 +46,25 @@ def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
          factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
          keep_in_fp32: Iterable[str] = (),
          shard_size: int | str | None = None,
-         files: Mapping[str, str | os.PathLike[str]] | None = None) -> ModelVersion:
+         files: Mapping[str, str | os.PathLike[str]] | None = None,
+         base: str | Ref | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
-    the tags: ``push(model, {"dataset": "imagenet"})``); see :meth:`Registry.push`."""
+    the tags: ``push(model, {"dataset": "imagenet"})``; a PEFT model is stored as an adapter
+    over ``base``); see :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                   files=files)
+                                   files=files, base=base)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
          model: ModelSpec = None, device_map: DeviceMap = None,
          max_memory: Mapping[str, int | str] | None = None, no_split: NoSplit = None,
-         align_inputs: bool = False) -> nn.Module:
+         align_inputs: bool = False, merge: bool = False) -> nn.Module:
     """Materialize ``ref`` as a module; see :meth:`Registry.pull`."""
     return default_registry().pull(ref, device=device, dtype=dtype, model=model,
                                    device_map=device_map, max_memory=max_memory,
-                                   no_split=no_split, align_inputs=align_inputs)
+                                   no_split=no_split, align_inputs=align_inputs, merge=merge)
 
 
 def pull_files(ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
@@ -104,6 +106,10 @@ def delete_alias(name: str, alias: str) -> None:
 
 def set_tags(ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
     return default_registry().set_tags(ref, tags)
+
+
+def list_adapters(ref: str | Ref) -> list[ModelVersion]:
+    return default_registry().list_adapters(ref)
 
 
 def delete_version(ref: str | Ref, *, force: bool = False) -> ModelVersion:

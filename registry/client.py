@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments, placement, prefault
+from . import adapters, architectures, attachments, placement, prefault, quantized
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -41,7 +41,7 @@ from .settings import parse_size
 from .staging import Stagings
 from .statedict import ordered_state
 from .versions import Versions, model_version
-from .weights import load_shard, write_shards
+from .weights import DtypeFor, load_shard, write_shards
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -70,6 +70,7 @@ class Registry(Versions):
         keep_in_fp32: Iterable[str] = (),
         shard_size: int | str | None = None,
         files: Mapping[str, str | os.PathLike[str]] | None = None,
+        base: str | Ref | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -84,6 +85,8 @@ class Registry(Versions):
         Weights are cut into safetensors shards of about ``shard_size`` (default
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
+        A PEFT model stores its LoRA adapter alone, over ``base`` (default: the stored version
+        holding its base weights).
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
@@ -103,6 +106,13 @@ class Registry(Versions):
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
 
+        sections: dict[str, Any] = {}  # an adapter version's manifest section
+        if adapters.is_adapter(model):
+            adapter = adapters.capture(model)
+            found = adapters.base_of(adapter, self._backend.resolve(parse(base)) if base
+                                     else None, self._newest_first)
+            sections["adapter"] = {**adapter.record, "base": adapters.base_entry(found)}
+            model, target = adapter.tensors, target or tag_map.get("name") or f"{found.name}-lora"
         named = attachments.collect(model, files)
         if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
             architecture = attachments.transformers_architecture(Path(model)) or {}
@@ -142,6 +152,8 @@ class Registry(Versions):
                     "key_order": weights.key_order,
                     "tags": tag_map,
                     **({"attachments": attached} if attached else {}),
+                    **({"quantization": weights.quantization} if weights.quantization else {}),
+                    **sections,
                 }
 
             result = self._backend.push(target, claim, staged, manifest_for, tag_map,
@@ -164,12 +176,14 @@ class Registry(Versions):
         max_memory: Mapping[str, int | str] | None = None,
         no_split: NoSplit = None,
         align_inputs: bool = False,
+        merge: bool = False,
     ) -> nn.Module:
         """The module of ``ref`` on ``device`` (or spread by ``device_map``), in eval mode.
 
         ``device_map="auto"`` keeps tied weights and ``no_split`` blocks (default: the model's
         ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
         to the module's device and dtype and returns outputs where the inputs came from.
+        An adapter version comes back on its base (a ``PeftModel``; merged with ``merge=True``).
         """
         if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
             from .oci.door import opened
@@ -177,8 +191,15 @@ class Registry(Versions):
                 return self._pull(_checked(record), device, dtype, model, device_map,
                                   max_memory, no_split, align_inputs, fetch)
         record = _checked(self._backend.resolve(parse(ref)))
-        return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
-                          align_inputs)
+        if "adapter" not in record.manifest:
+            return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
+                              align_inputs)
+        return adapters.pull(
+            record, lambda ref: _checked(self._backend.resolve(ref)),
+            lambda base: self._pull(base, device, dtype, model, device_map, max_memory, no_split,
+                                    align_inputs),
+            lambda target: self._read(record, lambda _k: target, adapters.as_stored, {}),
+            merge=merge)
 
     def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
               model: mat.ModelSpec, device_map: DeviceMap,
@@ -188,19 +209,23 @@ class Registry(Versions):
         requested = dev.parse_dtype(dtype)
         facts = dev.TorchFacts.probe()
         ref_text = f"{record.name}:v{record.version}"
+        scheme = quantized.scheme_of(manifest, ref_text)  # quantized.Plain for float versions
+        device = scheme.auto_device(device, facts)
         tied = dict(manifest["source"].get("tied", {}))
+        stored = scheme.module_keys({*manifest["tensors"], *tied})
         module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, ref_text,
-                                  stored={*manifest["tensors"], *tied})
-        tied.update(mat.implied_ties(module, {*manifest["tensors"], *tied}))
+                                  self.settings.trusted_factories, ref_text, stored=stored)
+        tied.update(mat.implied_ties(module, stored))
         stored_shapes = {**manifest["tensors"],
                          **{a: manifest["tensors"][k] for a, k in tied.items()}}
-        mat.check_fits(module, stored_shapes, ref_text)
+        mat.check_fits(module, scheme.shapes(stored_shapes), ref_text)
         policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
         placed = placement.plan(module, manifest, device=device, device_map=device_map,
                                 max_memory=max_memory, no_split=no_split, dtype=requested,
-                                facts=facts)
-        state = self._read(record, placed.device_of, policy, tied, fetch)
+                                facts=facts, sizes=scheme.sizes(manifest))
+        scheme.check_devices(placed.devices, facts, requested)
+        state = self._read(record, placed.device_of, scheme.policy(policy), tied, fetch)
+        state = scheme.rebuild(module, state, requested)
         mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
         architectures.retie(module)
         placement.install_hooks(module, placed, align_inputs=align_inputs)
@@ -248,7 +273,7 @@ class Registry(Versions):
         state.update(manifest.get("extras", {}))
         return ordered_state(state, manifest)
 
-    def _read(self, record: VersionRecord, placement: Any, policy: mat.DtypePolicy,
+    def _read(self, record: VersionRecord, placement: Any, policy: DtypeFor,
               tied: dict[str, str], fetch: Any = None) -> dict[str, torch.Tensor]:
         """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
         fetched into the verified cache side by side, and each is loaded as soon as it is

@@ -30,6 +30,10 @@ def version_table(mv: ModelVersion) -> str:
         ("architecture", _architecture(arch)),
         ("parameters", f"{source.get('params', 0):,}"),
         ("size", human_bytes(int(source.get("size_bytes", 0)))),
+        *([("quantization", _quantization(meta["quantization"]))]
+          if isinstance(meta.get("quantization"), dict) else []),
+        *([("adapter", _adapter(meta["adapter"]))] if isinstance(meta.get("adapter"), dict)
+          else []),
         ("tensors", str(meta.get("tensor_count", "-"))),
         ("files", _attachments(meta.get("attachments", []))),
         ("trained on", ", ".join(source.get("devices", [])) or "unknown"),
@@ -56,6 +60,24 @@ def _architecture(arch: dict[str, Any]) -> str:
     if arch.get("kind") == "transformers" and isinstance(config, dict):
         return f"{arch.get('class')} (from its config, model_type={config.get('model_type')})"
     return str(arch.get("class") or "unknown (pull with model=)")
+
+
+def _quantization(q: dict[str, Any]) -> str:
+    """``torchao 0.18.0 int8_weight_only (group sizes 16, 32; runs on cpu, cuda)``."""
+    groups = ", ".join(str(g) for g in q.get("group_sizes", [])) or "-"
+    runs = ", ".join(str(d) for d in q.get("devices", [])) or "-"
+    return (f"{q.get('library')} {q.get('library_version')} {q.get('method')} "
+            f"(group sizes {groups}; runs on {runs})")
+
+
+def _adapter(a: dict[str, Any]) -> str:
+    """``peft 0.21.2 LORA r=4 on c_attn over gpt2-tiny:v1 (sha256:ab12…)``."""
+    config, base = a.get("config") or {}, a.get("base") or {}
+    targets = config.get("target_modules")
+    shown = ", ".join(targets) if isinstance(targets, list) else str(targets)
+    return (f"{a.get('library')} {a.get('library_version')} {a.get('peft_type')} "
+            f"r={config.get('r')} on {shown} over {base.get('name')}:v{base.get('version')} "
+            f"({str(base.get('digest'))[:19]}…)")
 
 
 def _attachments(files: list[dict[str, Any]], shown: int = 6) -> str:

@@ -4,6 +4,7 @@
     ├── RefError (ValueError)                  malformed name, ref, alias or version
     ├── SettingsError (ValueError)             a bad environment variable or option
     ├── NotFoundError (LookupError)            unknown model, version, alias or digest
+    │   └── BaseNotFoundError                  an adapter whose base version is not stored
     ├── VersionExistsError                     an explicit version claim that is taken or retired
     ├── VersionAliasedError                    deleting a version an alias points at, unforced
     ├── CheckpointError (ValueError)           a file that cannot be read as weights
@@ -14,6 +15,10 @@
     ├── UntrustedFactoryError                  a recorded factory outside the trusted prefixes
     ├── StateDictMismatchError                 stored keys/shapes do not fit the module
     ├── DeviceUnavailableError                 a named device that does not exist or cannot hold it
+    │   └── SchemeDeviceError                  a quantization scheme with no kernels on the device
+    ├── QuantizationError (ValueError)         an unknown scheme, or tensors that disagree with it
+    ├── AdapterError (ValueError)              an adapter that does not fit its base
+    ├── ReferencedVersionError                 deleting a base that adapters still name
     ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
     ├── ExportError                            an export the exporter cannot do or that differs
@@ -147,6 +152,40 @@ class DeviceUnavailableError(RegistryError):
 
     code = "device_unavailable"
     exit_code = 7
+
+
+class SchemeDeviceError(DeviceUnavailableError):
+    """A quantized version pulled onto a device that has no kernels for its scheme."""
+
+    code = "scheme_device"
+
+
+class QuantizationError(RegistryError, ValueError):
+    """A quantization scheme this registry does not know, or packed tensors that disagree with
+    the scheme's record."""
+
+    code = "quantization_invalid"
+    exit_code = 6
+
+
+class AdapterError(RegistryError, ValueError):
+    """An adapter whose config is not one we load, or whose targets its base lacks."""
+
+    code = "adapter_invalid"
+    exit_code = 6
+
+
+class BaseNotFoundError(NotFoundError):
+    """An adapter whose base version is not in the registry."""
+
+    code = "adapter_base_missing"
+
+
+class ReferencedVersionError(RegistryError):
+    """A version that other versions (adapters over it) still name."""
+
+    code = "version_referenced"
+    exit_code = 4
 
 
 class DtypeError(RegistryError, ValueError):

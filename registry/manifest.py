@@ -139,7 +139,7 @@ MAX_KEY_CHARS = 1024
 TOP_LEVEL_KEYS = frozenset({
     "format_version", "name", "version", "created_at", "digest", "files", "tensor_count",
     "tensors", "extras", "architecture", "source", "module_metadata", "key_order", "tags",
-    "attachments",
+    "attachments", "quantization", "adapter",
 })
 
 
@@ -223,6 +223,9 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")
     _attachments(m.get("attachments", []), origin)
+    for part in ("quantization", "adapter"):  # checked in full where used (quantized.py,
+        if part in m:                         # adapters.py), which knows the libraries
+            _obj(m[part], part, origin)
     _module_metadata(m.get("module_metadata", {}), origin)
     _key_order(m.get("key_order"), [tensors, m["source"].get("tied", {}), m.get("extras", {})],
                origin)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import quantized
 from .architectures import capture
 from .checkpoints import read_checkpoint
 from .devices import device_sort_key
@@ -57,6 +58,8 @@ class NormalizedWeights:
     # Each module's state-dict version (prefix -> {"version": N}) and every key in pushed order.
     module_metadata: ModuleMetadata = field(default_factory=dict)
     key_order: list[str] = field(default_factory=list)
+    # The manifest's quantization record (registry/quantized.py) for a quantized module.
+    quantization: dict[str, Any] | None = None
 
 
 def normalize(
@@ -74,16 +77,24 @@ def normalize(
     source: dict[str, Any] = {}
     architecture: dict[str, Any] = {}
     declared_fp32 = list(keep_in_fp32)
+    quantization: dict[str, Any] | None = None
     if isinstance(model, nn.Module):
         inner, wrapping = unwrap(model)
-        _refuse_quantized(inner.named_modules())
+        raw, metadata = _module_state_dict(inner)
+        # Quantized tensors and modules are stored as their plain components (quantized.py).
+        flat = quantized.flatten(inner, raw)
+        if flat is None:
+            _refuse_quantized(inner.named_modules())
+        else:
+            raw, quantization = flat.state, flat.record
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
         if record_architecture:
             architecture.update(capture(inner))
         declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
-        raw, metadata = _module_state_dict(inner)
         source["input"] = "module"
         params = sum(p.numel() for p in {id(p): p for p in inner.parameters()}.values())
+        if flat is not None:
+            params = flat.record["float_params"]
     elif isinstance(model, Mapping):
         raw = dict(model)
         _refuse_quantized((k, v) for k, v in raw.items() if "_packed_params" in str(k).split("."))
@@ -151,7 +162,8 @@ def normalize(
         torch_version=torch.__version__,
         python_version=platform.python_version(),
     )
-    return NormalizedWeights(kept, tied, extras, source, architecture, metadata, list(renamed))
+    return NormalizedWeights(kept, tied, extras, source, architecture, metadata, list(renamed),
+                             quantization)
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
@@ -337,6 +349,10 @@ def _check_storable(key: str, tensor: torch.Tensor) -> None:
             f"tensor {key!r} is quantized ({tensor.dtype}); push the float model and quantize "
             "after pulling"
         )
+    if type(tensor).__module__.startswith("torchao."):
+        raise NormalizationError(
+            f"tensor {key!r} is a torchao {type(tensor).__name__} in a bare state dict; push "
+            "the quantized module itself, whose scheme is then recorded (registry/quantized.py)")
     if tensor.is_meta:
         raise NormalizationError(
             f"tensor {key!r} is on the meta device and has no data; load real weights before "

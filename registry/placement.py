@@ -90,8 +90,11 @@ def plan(
     no_split: NoSplit = None,
     dtype: torch.dtype | None = None,
     facts: dev.TorchFacts,
+    sizes: Mapping[str, int] | None = None,
 ) -> Placement:
-    """Where every tensor of ``module`` (to be filled from ``manifest``) goes."""
+    """Where every tensor of ``module`` (to be filled from ``manifest``) goes. ``sizes``
+    (module key -> bytes) replaces the manifest's per-tensor sizes where stored tensors are
+    not the module's (a quantized version's components)."""
     needed = bytes_needed(manifest, dtype)
     tied = dict(manifest["source"].get("tied", {}))
     if device_map != "auto":
@@ -107,7 +110,8 @@ def plan(
     if device != "auto":
         raise SettingsError("pass either device= or device_map=, not both")
     if device_map == "auto":
-        sizes = {k: tensor_bytes(v, dtype) for k, v in manifest["tensors"].items()}
+        if sizes is None:
+            sizes = {k: tensor_bytes(v, dtype) for k, v in manifest["tensors"].items()}
         blocks = _no_split_classes(module, no_split)
         requested: Mapping[str, dev.DeviceRequest] = auto_device_map(
             module, sizes, max_memory, facts, no_split=blocks, tied=tied)

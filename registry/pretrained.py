@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from . import attachments
+from . import adapters, attachments, quantized
 from . import devices as dev
-from .errors import ArchitectureUnknownError, NormalizationError
+from .errors import ArchitectureUnknownError, NormalizationError, QuantizationError
 from .files import VersionFile, weight_files
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -61,8 +61,12 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
                      origin: str) -> Path:
     """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``."""
+    if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
+        return adapters.write_pretrained(manifest, blob_path, dest_dir, origin)
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
+    # A quantized version: its quantization_config, and the components with torchao's metadata.
+    quant_config, file_metadata = _quantized_parts(manifest, requested, origin)
     arch = manifest["architecture"]
     shards = weight_files(manifest)
     names = [f.name for f in shards]
@@ -86,7 +90,10 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
         return torch.float32 if any(p in f".{key}" for p in keep) else requested
 
     for shard in shards:
-        _write_shard(root / shard.name, shard, blob_path, specs, dtype_of, requested, origin)
+        _write_shard(root / shard.name, shard, blob_path, specs, dtype_of, requested, origin,
+                     file_metadata)
+    if quant_config is not None:
+        config["quantization_config"] = quant_config
 
     recorded_class = str(arch.get("class", ""))
     if not config.get("architectures") and recorded_class.startswith("transformers:"):
@@ -111,13 +118,38 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
     return root
 
 
+def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
+                     origin: str) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """The ``quantization_config`` and safetensors metadata a ``from_pretrained`` directory of
+    a quantized version needs ((None, None) for a float version): transformers' torchao loader
+    rebuilds the tensors from the metadata torchao's flatten wrote."""
+    scheme = quantized.scheme_of(manifest, origin)
+    if not isinstance(scheme, quantized.Scheme):
+        return None, None
+    record = scheme.record
+    hf = record.get("hf_quantization_config")
+    if record["library"] != quantized.TORCHAO or hf is None:
+        raise QuantizationError(
+            f"{origin} is quantized with {scheme.name} without a transformers "
+            "quantization_config, so transformers could not load it quantized; pull it with "
+            "registry.pull(), or push a model loaded with quantization_config=TorchAoConfig(...)")
+    if requested is not None:
+        raise QuantizationError(f"{origin} is quantized: a from_pretrained directory keeps its "
+                                "stored components; pass dtype='auto'")
+    names = record["tensor_names"]
+    metadata = {"tensor_names": json.dumps(names),
+                **{n: json.dumps(record["config"].get(n, {"_type": "Tensor"})) for n in names}}
+    return dict(hf), metadata
+
+
 def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int], Path],
                  specs: Mapping[str, Any], dtype_of: Callable[[str, torch.dtype], torch.dtype],
-                 requested: torch.dtype | None, origin: str) -> None:
+                 requested: torch.dtype | None, origin: str,
+                 metadata: Mapping[str, str] | None = None) -> None:
     from .weights import load_shard, write_safetensors
 
     source = blob_path(shard.digest, shard.size)
-    if requested is None:  # the stored shard is already the file transformers reads
+    if requested is None and metadata is None:  # the stored shard is the file transformers reads
         attachments.write_file(target, source)
         return
     tensors = load_shard(source, {k: specs[k] for k in shard.tensors},
@@ -125,7 +157,7 @@ def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int
                          lambda k, stored, _d: dtype_of(k, stored), origin=origin)
     tmp = target.with_name(f".registry-{target.name}")
     try:
-        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, tmp)
+        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, tmp, metadata)
         os.replace(tmp, target)
     except OSError as exc:
         raise NormalizationError(f"cannot write {str(target)!r}: "

@@ -9,12 +9,12 @@ export on top of it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import RefError, SettingsError
+from .errors import ReferencedVersionError, RefError, SettingsError
 from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
@@ -106,14 +106,28 @@ class Versions:
         return model_version(self._backend.set_tags(resolved.name, resolved.version,
                                                     validate_tags(tags, removals=True)))
 
+    def list_adapters(self, ref: str | Ref) -> list[ModelVersion]:
+        """The adapter versions over the version ``ref`` names (any version of a bare name)."""
+        parsed = parse(ref)
+        bases = (self._backend.list_versions(parsed.name) if parsed.is_latest
+                 else [self._backend.resolve(parsed)])
+        return [model_version(r) for r in adapters_over(bases, self._newest_first())]
+
     def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
-        """Delete version ``name:vN`` (its number is never reused); an aliased one needs force."""
+        """Delete version ``name:vN`` (its number is never reused); a version that aliases point
+        at, or that adapters name as their base, needs ``force``."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
+        if not force:
+            _refuse_deleting_a_base(self._backend.resolve(parsed), self._newest_first())
         return model_version(self._backend.delete_version(parsed.name, parsed.version,
                                                           force=force))
+
+    def _newest_first(self) -> Iterable[VersionRecord]:
+        return (r for name in self._backend.list_models()
+                for r in reversed(self._backend.list_versions(name)))
 
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""
@@ -131,3 +145,30 @@ def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) 
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                         list(record.aliases), metadata)
+
+
+def adapters_over(bases: Iterable[VersionRecord],
+                  versions: Iterable[VersionRecord]) -> list[VersionRecord]:
+    """The adapter versions among ``versions`` over one of ``bases`` (by name and digest: an
+    adapter pulls the newest version of its base's name holding its base's weights)."""
+    wanted = {(b.name, b.digest) for b in bases}
+    return [r for r in versions
+            if isinstance(a := r.manifest.get("adapter"), dict)
+            and isinstance(b := a.get("base"), dict)
+            and (b.get("name"), b.get("digest")) in wanted]
+
+
+def _refuse_deleting_a_base(base: VersionRecord, versions: Iterable[VersionRecord]) -> None:
+    """Refuse deleting ``base`` while adapter versions name it and no other version of its
+    name holds the same weights."""
+    every = list(versions)
+    if any(r.name == base.name and r.digest == base.digest and r.version != base.version
+           for r in every):
+        return
+    users = [f"{r.name}:v{r.version}" for r in adapters_over([base], every)]
+    if users:
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        raise ReferencedVersionError(
+            f"{base.name}:v{base.version} is the base of {len(users)} adapter version(s) "
+            f"({shown}); delete those first, or pass force=True (`registry rm --force`) to "
+            "leave them without their base")

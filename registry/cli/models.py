@@ -123,10 +123,13 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
             click.echo(versions_table(latest).replace("VERSION", "LATEST ", 1))
         return
     versions = reg.list_versions(name)
+    over = reg.list_adapters(name)  # adapter versions over any version of NAME (issue 35)
     if as_json:
         emit_json_lines([version_summary(mv) for mv in versions])
     else:
         click.echo(versions_table(versions))
+        if over:
+            click.echo("\nadapters:\n" + versions_table(over))
 
 
 @click.command()
@@ -192,11 +195,12 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
 @click.command()
 @click.argument("ref")
 @click.option("--force", is_flag=True,
-              help="Delete even if aliases point at the version (they are removed with it).")
+              help="Delete even if aliases point at the version (they are removed with it) or "
+                   "adapters name it as their base.")
 @click.pass_context
 def rm(ctx: click.Context, ref: str, force: bool) -> None:
     """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes.
-    A version that aliases point at is kept unless --force."""
+    A version that aliases point at, or that adapters name as their base, is kept unless --force."""
     mv = open_versions(ctx).delete_version(ref, force=force)
     click.echo(f"deleted {mv.ref}" + (f" (and {', '.join('@' + a for a in mv.aliases)})"
                                        if mv.aliases else ""))

@@ -1,0 +1,125 @@
+"""Rows 22-24 (issue 35): a quantized pull against torchao's own load of the same weights, an
+adapter pull against its base's, and what an adapter version stores against its tensors."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from . import model
+from .measure import Case, interleaved, touch
+from .report import Row
+from .rows import Bench, _s
+
+
+def touch_quantized(module: torch.nn.Module) -> int:
+    """Read every byte of a module whose weights may be tensor subclasses: each torchao
+    tensor through its plain components (``qdata``, ``scale``...), the same for both sides."""
+    plain: list[torch.Tensor] = []
+    for value in module.state_dict().values():
+        names = getattr(value, "tensor_data_names", None)
+        if names is None:
+            plain.append(value)
+            continue
+        optional = list(getattr(value, "optional_tensor_data_names", None) or [])
+        plain += [getattr(value, n) for n in [*names, *optional]
+                  if getattr(value, n, None) is not None]
+    return touch(plain)
+
+
+def quantized_rows(b: Bench) -> list[Row]:
+    rows: list[Row] = []
+    try:
+        rows.append(_int8_pull(b))
+    except ImportError as exc:
+        row = Row(22, "pull of an int8 weight-only model to CPU", "torchao's own load", "")
+        row.notes.append(f"torchao is not installed ({exc}): pip install 'registry[quant]'.")
+        rows.append(row)
+    try:
+        rows += _adapter_rows(b)
+    except ImportError as exc:
+        for n in (23, 24):
+            row = Row(n, "LoRA adapter", "", "")
+            row.notes.append(f"peft is not installed ({exc}): pip install 'registry[peft]'.")
+            rows.append(row)
+    return rows
+
+
+def _int8_pull(b: Bench) -> Row:
+    from safetensors.torch import load_file, save_file
+    from torchao.prototype.safetensors.safetensors_support import (
+        flatten_tensor_state_dict,
+        unflatten_tensor_state_dict,
+    )
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    net = model.build(b.size)
+    quantize_(net, Int8WeightOnlyConfig())
+    mv = b.reg.push(net, "bench-int8", factory=model.FACTORY, factory_kwargs=model.kwargs(b.size))
+    flat, metadata = flatten_tensor_state_dict(net.state_dict())
+    path = b.scratch("int8.safetensors")
+    save_file(flat, str(path), metadata=metadata)
+
+    def torchao_load() -> int:
+        # What torchao's safetensors support gives a user: load, unflatten, assign on meta.
+        with torch.device("meta"):
+            target = model.BenchModel(**model.kwargs(b.size))
+        state, _ = unflatten_tensor_state_dict(load_file(str(path)), metadata)
+        target.load_state_dict(state, assign=True)
+        return touch_quantized(target)
+
+    t = interleaved({
+        "torchao": Case(torchao_load),
+        "pull": Case(lambda: touch_quantized(b.reg.pull(mv.ref, device="cpu"))),
+    }, runs=b.runs)
+    path.unlink()
+    pull, peer = t["pull"].median, t["torchao"].median
+    stored = mv.metadata["source"]["size_bytes"]
+    row = Row(22, "pull of an int8 weight-only model to CPU, module ready, every byte read",
+              "torchao's own load of the same weights from safetensors (load_file + "
+              "unflatten_tensor_state_dict + assign on meta)", "<= 1.1x")
+    row.measured = f"pull {_s(pull)}, torchao {_s(peer)} ({stored / 1e6:.0f} MB stored)"
+    row.ratio = f"{pull / peer:.2f}x"
+    row.ok = pull / peer <= 1.1
+    row.notes.append(f"Samples (s): pull {t['pull'].spread()}, torchao {t['torchao'].spread()}.")
+    return row
+
+
+def _adapter_rows(b: Bench) -> list[Row]:
+    import peft
+
+    base = model.build(b.size)
+    config = peft.LoraConfig(r=8, target_modules=["up", "down"], init_lora_weights=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuned: Any = peft.get_peft_model(base, config)
+    mv = b.reg.push(tuned, "bench-lora", base=b.ref)
+    b.reg.pull(b.ref, device="cpu")  # the base is in the store and the page cache
+    t = interleaved({
+        "base": Case(lambda: touch_quantized(b.reg.pull(b.ref, device="cpu"))),
+        "adapter": Case(lambda: touch_quantized(b.reg.pull(mv.ref, device="cpu"))),
+    }, runs=b.runs)
+    pull, alone = t["adapter"].median, t["base"].median
+    row23 = Row(23, "pull of base + LoRA adapter (base cached), every byte read",
+                "pull of the base alone", "<= 1.1x")
+    row23.measured = f"base + adapter {_s(pull)}, base {_s(alone)}"
+    row23.ratio = f"{pull / alone:.2f}x"
+    row23.ok = pull / alone <= 1.1
+    row23.notes.append(f"Samples (s): base + adapter {t['adapter'].spread()}, base "
+                       f"{t['base'].spread()}. r=8 on every up/down Linear. The difference is "
+                       "PEFT's own injection of the LoRA layers (`get_peft_model`, about 3 ms "
+                       "per targeted Linear here, on meta with init skipped); the adapter's "
+                       "bytes are read as the base's are, so the ratio falls toward 1 as the "
+                       "base grows.")
+
+    lora = peft.get_peft_model_state_dict(tuned)
+    tensor_bytes = sum(v.numel() * v.element_size() for v in lora.values())
+    stored = sum(f["size"] for f in mv.metadata["files"])
+    row24 = Row(24, "stored bytes of an adapter version", "its adapter tensors' bytes",
+                "<= 1.05x")
+    row24.measured = f"stored {stored:,} B, tensors {tensor_bytes:,} B"
+    row24.ratio = f"{stored / tensor_bytes:.3f}x"
+    row24.ok = stored / tensor_bytes <= 1.05
+    return [row23, row24]

@@ -1,0 +1,341 @@
+"""LoRA adapters as versions over a base version.
+
+An adapter version stores only what PEFT's ``get_peft_model_state_dict`` gives (the LoRA
+tensors) and a ``manifest["adapter"]`` record: the library, its version, the adapter config and
+the base, by name, version and weights digest. Its base is named at push (``base="gpt2:v1"``) or
+found by hashing the base weights of the PEFT model the way the store hashed them, and matching
+a stored version's digest. Pull materializes the base like any version (same verified cache)
+and attaches the adapter with PEFT (``merge=True``: merged into a plain module).
+
+The record is untrusted: the config is rebuilt as a ``LoraConfig`` from an allow list of plain
+fields (a field that would load code or data, such as ``megatron_core`` or ``loftq_config``, is
+refused), and the targets it names must exist in the base before PEFT touches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .digests import version_digest
+from .errors import (
+    AdapterError,
+    BaseNotFoundError,
+    NotFoundError,
+    quoted,
+)
+from .materialize import empty_parameters
+from .normalize import normalize
+from .refs import Ref
+from .weights import safetensors_header, tensor_bytes
+
+PEFT = "peft"
+LORA = "LORA"
+# LoraConfig fields kept from a record; anything else must hold its default (None, empty, False).
+_FIELDS = frozenset({
+    "r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules", "fan_in_fan_out",
+    "bias", "use_rslora", "modules_to_save", "init_lora_weights", "layers_to_transform",
+    "layers_pattern", "rank_pattern", "alpha_pattern", "use_dora", "lora_bias", "task_type",
+})
+# Informational fields PEFT writes; dropped.
+_IGNORED = frozenset({"peft_type", "peft_version", "base_model_name_or_path", "revision",
+                      "inference_mode", "megatron_core", "qalora_group_size"})
+_TASK_TYPES = frozenset({None, "CAUSAL_LM", "SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS",
+                         "QUESTION_ANS", "FEATURE_EXTRACTION"})
+_MAX_PATTERN = 256
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_.]{1,256}")
+
+
+def is_adapter(model: object) -> bool:
+    """Whether ``model`` is a PEFT model (PEFT is already imported if it is)."""
+    peft = sys.modules.get(PEFT)
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+@dataclass
+class Captured:
+    """What push stores of a PEFT model, and the base weights it was trained on."""
+
+    tensors: dict[str, torch.Tensor]
+    record: dict[str, Any]
+    base: nn.Module
+
+
+def capture(model: Any) -> Captured:
+    """The adapter tensors and record of a PEFT model with one LoRA adapter."""
+    import peft
+
+    names = list(model.peft_config)
+    if len(names) != 1:
+        raise AdapterError(f"the PEFT model holds {len(names)} adapters ({names}); push one "
+                           "adapter per version (delete_adapter() the others first)")
+    config = model.peft_config[names[0]]
+    kind = getattr(config.peft_type, "value", config.peft_type)
+    if kind != LORA:
+        raise AdapterError(f"adapter {names[0]!r} is a {kind} adapter; only LoRA adapters are "
+                           "stored")
+    tensors = {k: v.detach() for k, v in
+               peft.get_peft_model_state_dict(model, adapter_name=names[0]).items()}
+    record = {"library": PEFT, "library_version": peft.__version__, "peft_type": LORA,
+              "config": _plain(config.to_dict())}
+    _lora_config(record, "push")  # what pull will accept, refused now rather than then
+    return Captured(tensors, record, model.get_base_model())
+
+
+def base_tensors(base: nn.Module) -> dict[str, torch.Tensor]:
+    """The base weights under a PEFT model: its state dict without LoRA tensors and with the
+    ``base_layer`` step PEFT inserts removed."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        parts = key.split(".")
+        if any(p.startswith("lora_") for p in parts):
+            continue
+        out[".".join(p for p in parts if p != "base_layer")] = value
+    return out
+
+
+def shard_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The digest a weights shard holding exactly ``tensors`` has in the store."""
+    parts = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
+    order, head = safetensors_header(parts)
+    h = hashlib.sha256(head)
+    for key in order:
+        h.update(tensor_bytes(parts[key]))
+    return f"sha256:{h.hexdigest()}"
+
+
+def matches(manifest: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``tensors`` (normalized base weights) are the weights a version stores."""
+    specs = manifest["tensors"]
+    if set(specs) != set(tensors) or any(
+            list(tensors[k].shape) != spec["shape"]
+            or str(tensors[k].dtype).removeprefix("torch.") != spec["dtype"]
+            for k, spec in specs.items()):
+        return False
+    digests = [shard_digest({k: tensors[k] for k in f["tensors"]}) for f in manifest["files"]]
+    return version_digest(digests) == manifest["digest"]
+
+
+def find_base(tensors: Mapping[str, torch.Tensor], candidates: Iterable[Any],
+              what: str) -> Any:
+    """The first candidate version (newest first) whose stored weights are ``tensors``."""
+    for record in candidates:
+        if "adapter" not in record.manifest and "quantization" not in record.manifest \
+                and matches(record.manifest, tensors):
+            return record
+    raise BaseNotFoundError(
+        f"the base model of this adapter ({what}) matches no stored version: push the base "
+        "model first (the one get_peft_model wrapped, before training the adapter), then push "
+        "the adapter, or name its base with base='NAME:vN'")
+
+
+def base_of(adapter: Captured, named: Any | None,
+            versions: Callable[[], Iterable[Any]]) -> Any:
+    """The base version of a pushed adapter: ``named`` once its modules fit, else the stored
+    version whose weights are the PEFT model's base weights."""
+    if named is not None:
+        check_targets(adapter.record, {k.rpartition(".")[0] for k in named.manifest["tensors"]},
+                      f"{named.name}:v{named.version}")
+        return named
+    return find_base(normalize(base_tensors(adapter.base)).tensors, versions(),
+                     type(adapter.base).__name__)
+
+
+def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], nn.Module],
+         read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool) -> nn.Module:
+    """An adapter version: its base pulled (``pull_base``, the same pipeline and cache as any
+    pull), its tensors read onto the base's device (``read``) and attached."""
+    origin = f"{record.name}:v{record.version}"
+    spec = check(record.manifest["adapter"], origin)
+    try:
+        base = resolve(Ref(spec["base"]["name"], digest=spec["base"]["digest"]))
+    except NotFoundError:
+        raise BaseNotFoundError(
+            f"the base of {origin} ({spec['base']['name']}@{spec['base']['digest']}) is not "
+            "stored: push that base model again, then pull the adapter") from None
+    module = pull_base(base)
+    target = next(module.parameters()).device
+    return attach(module, read(target), spec, origin, merge=merge)
+
+
+def as_stored(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
+    """Adapter tensors keep their stored dtype."""
+    return stored
+
+
+def base_entry(record: Any) -> dict[str, Any]:
+    return {"name": record.name, "version": record.version, "digest": record.digest}
+
+
+def check_targets(record: Mapping[str, Any], modules: Iterable[str], origin: str) -> None:
+    """Every module an adapter targets exists in its base (``modules``: its module paths)."""
+    config = _lora_config(record, origin)
+    modules = set(modules)
+    targets = config.target_modules
+    if isinstance(targets, str):
+        found = any(re.fullmatch(targets, m) for m in modules)
+        shown = targets
+    else:
+        names = set(targets or ())
+        found = bool(names) and all(any(m == t or m.endswith(f".{t}") for m in modules)
+                                    for t in names)
+        shown = ", ".join(sorted(names))
+    if not found:
+        raise AdapterError(f"{origin}: the adapter targets modules {quoted(shown, 120)} that "
+                           "its base does not have; it was not attached. Push the adapter with "
+                           "the base it was trained on (base='NAME:vN')")
+
+
+def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping[str, Any],
+           origin: str, *, merge: bool) -> nn.Module:
+    """``base`` with the adapter attached (a ``PeftModel``), or merged into it (``merge``)."""
+    import peft
+
+    config = _lora_config(record, origin)
+    check_targets(record, (name for name, _ in base.named_modules()), origin)
+    # LoRA layers are created on meta with their init skipped (materialize.empty_parameters):
+    # the stored tensors replace them.
+    with empty_parameters():
+        model = peft.get_peft_model(base, config, low_cpu_mem_usage=True)
+    if not _assign_plain_lora(model, tensors):
+        result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
+                                                     low_cpu_mem_usage=True)
+        lost = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or lost:
+            raise AdapterError(
+                f"{origin}: the stored adapter tensors do not fit its config on the base "
+                f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push "
+                "the adapter again")
+    model.eval()
+    if merge:
+        return model.merge_and_unload().eval()
+    return model
+
+
+def _assign_plain_lora(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Assign plain LoRA tensors (``<path>.lora_A.weight``, ``<path>.lora_B.weight``) to the
+    default adapter's parameters, as ``set_peft_model_state_dict`` would, without its walks
+    over the whole model's state dict (most of an adapter pull's time); False, assigning
+    nothing, for anything else (DoRA, saved modules, biases), which PEFT then loads."""
+    plan: list[tuple[nn.Module, torch.Tensor, bool]] = []
+    for key, tensor in tensors.items():
+        head, _, leaf = key.rpartition(".")
+        owner, _, part = head.rpartition(".")
+        if leaf != "weight" or part not in ("lora_A", "lora_B"):
+            return False
+        try:
+            holder = model.get_submodule(f"{owner}.{part}.default")
+        except AttributeError:
+            return False
+        old = holder._parameters.get("weight")
+        if old is None or tuple(old.shape) != tuple(tensor.shape):
+            return False
+        plan.append((holder, tensor, old.requires_grad))
+    lora = [p for n, p in model.named_parameters() if ".lora_" in n]
+    if len(lora) != len(plan):
+        return False
+    for holder, tensor, grad in plan:
+        holder._parameters["weight"] = nn.Parameter(tensor, requires_grad=grad)
+    return True
+
+
+def check(record: object, origin: str) -> dict[str, Any]:
+    """A manifest's ``adapter`` record, if it is one this registry loads."""
+    if not isinstance(record, dict) or record.get("library") != PEFT \
+            or record.get("peft_type") != LORA:
+        raise AdapterError(f"{origin}: its adapter record names {quoted(record, 120)}, not a "
+                           "peft LoRA adapter; it was not used")
+    base = record.get("base")
+    if not isinstance(base, dict) or not isinstance(base.get("name"), str) \
+            or not isinstance(base.get("digest"), str):
+        raise AdapterError(f"{origin}: its adapter record names no base; it was not used")
+    _lora_config(record, origin)
+    return record
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+                     dest_dir: str | os.PathLike[str], origin: str) -> Path:
+    """Write an adapter version as the directory ``PeftModel.from_pretrained`` loads on its
+    base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them)."""
+    from . import attachments
+    from .weights import load_shard, write_safetensors
+
+    record = check(manifest["adapter"], origin)
+    root = Path(dest_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in manifest["files"]:
+        keys = f.get("tensors", list(manifest["tensors"]))
+        tensors.update(load_shard(blob_path(f["digest"], f["size"]),
+                                  {k: manifest["tensors"][k] for k in keys},
+                                  lambda _k: torch.device("cpu"), as_stored, origin=origin))
+    write_safetensors({k: t.contiguous() for k, t in tensors.items()}, root / ADAPTER_WEIGHTS)
+    base = record["base"]
+    config = {**record["config"], "peft_type": LORA,
+              "base_model_name_or_path": f"{base['name']}:v{base.get('version')}"}
+    attachments.write_bytes(root / ADAPTER_CONFIG,
+                            (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return root
+
+
+def _lora_config(record: Mapping[str, Any], origin: str) -> Any:
+    import peft
+
+    config = record.get("config")
+    if not isinstance(config, dict):
+        raise AdapterError(f"{origin}: its adapter config is {quoted(config)}, not an object")
+    kept: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in _FIELDS:
+            kept[key] = value
+        elif key not in _IGNORED and value not in (None, {}, [], False, ""):
+            raise AdapterError(f"{origin}: its adapter config sets {key!r} to "
+                               f"{quoted(value, 80)}, which this registry does not load (only "
+                               f"{', '.join(sorted(_FIELDS))})")
+    targets = kept.get("target_modules")
+    if isinstance(targets, str):
+        if len(targets) > _MAX_PATTERN:
+            raise AdapterError(f"{origin}: its target_modules pattern is longer than "
+                               f"{_MAX_PATTERN} characters")
+    elif not isinstance(targets, list) or not targets \
+            or not all(isinstance(t, str) and _MODULE_NAME.fullmatch(t) for t in targets):
+        raise AdapterError(f"{origin}: its target_modules {quoted(targets, 80)} is not a list "
+                           "of module names")
+    if kept.get("task_type") not in _TASK_TYPES:
+        raise AdapterError(f"{origin}: its task_type {quoted(kept.get('task_type'))} is unknown")
+    if not isinstance(kept.get("init_lora_weights", True), bool):
+        raise AdapterError(f"{origin}: init_lora_weights must be true or false (an "
+                           "initialisation that reads data is not loaded)")
+    try:
+        return peft.LoraConfig(**kept)
+    except (TypeError, ValueError) as exc:
+        raise AdapterError(f"{origin}: its adapter config is invalid ({quoted(str(exc))})") \
+            from None
+
+
+def _plain(value: Any) -> Any:
+    """A PEFT config dict as JSON: sets become sorted lists, enums their values."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):
+        return value.value
+    return value
+

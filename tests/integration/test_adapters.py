@@ -1,0 +1,153 @@
+"""LoRA adapters as versions over a base version (issue 35): only the adapter is stored, pull
+attaches it to the base materialized through the same cache, and the base is protected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from registry import Registry
+from registry.errors import (
+    AdapterError,
+    BaseNotFoundError,
+    ReferencedVersionError,
+)
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+
+def _base(seed: int = 0) -> transformers.GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _lora(base: torch.nn.Module, targets: list[str] | None = None) -> torch.nn.Module:
+    torch.manual_seed(1)
+    # init_lora_weights=False: B is random too, so the adapter changes the outputs.
+    config = peft.LoraConfig(r=4, target_modules=targets or ["c_attn"], fan_in_fan_out=True,
+                             init_lora_weights=False)
+    return peft.get_peft_model(base, config).eval()
+
+
+IDS = torch.tensor([[1, 5, 9, 42, 7, 3]])
+
+
+def test_an_adapter_round_trips_over_its_named_base(reg: Registry) -> None:
+    base_v = reg.push(_base(), "gpt2-tiny")
+    tuned = _lora(_base())
+    want = tuned(IDS).logits
+    mv = reg.push(tuned, "gpt2-tiny-lora", base="gpt2-tiny:v1", tags={"task": "demo"})
+
+    adapter = mv.metadata["adapter"]
+    assert adapter["base"] == {"name": "gpt2-tiny", "version": 1, "digest": base_v.digest}
+    assert adapter["library"] == "peft" and adapter["config"]["target_modules"] == ["c_attn"]
+    lora = peft.get_peft_model_state_dict(tuned)
+    lora_bytes = sum(t.numel() * t.element_size() for t in lora.values())
+    stored = sum(f["size"] for f in mv.metadata["files"])
+    assert set(mv.metadata["tensors"]) == set(lora)  # only the adapter
+    assert stored <= 1.05 * lora_bytes + 1024, (stored, lora_bytes)  # + one safetensors header
+
+    pulled = reg.pull(mv.ref, device="cpu")
+    assert isinstance(pulled, peft.PeftModel)
+    torch.testing.assert_close(pulled(IDS).logits, want)
+    merged = reg.pull(mv.ref, device="cpu", merge=True)
+    assert type(merged) is transformers.GPT2LMHeadModel
+    torch.testing.assert_close(merged(IDS).logits, want, atol=1e-5, rtol=1e-4)
+    # The base alone still pulls as it was pushed.
+    torch.testing.assert_close(reg.pull("gpt2-tiny:v1", device="cpu")(IDS).logits,
+                               _base()(IDS).logits)
+
+
+def test_the_base_is_found_by_its_weights(reg: Registry) -> None:
+    reg.push(_base(seed=7), "other")
+    base_v = reg.push(_base(), "gpt2-tiny")
+    reg.push(_base(seed=8), "gpt2-tiny")  # a newer version with other weights
+    mv = reg.push(_lora(_base()), "lora")
+    assert mv.metadata["adapter"]["base"]["digest"] == base_v.digest
+    assert mv.metadata["adapter"]["base"]["version"] == 1
+
+
+def test_an_adapter_without_its_base_in_the_registry_is_refused(reg: Registry) -> None:
+    reg.push(_base(seed=3), "gpt2-tiny")
+    with pytest.raises(BaseNotFoundError, match="push the base model first"):
+        reg.push(_lora(_base()), "lora")
+    assert reg.list_models() == ["gpt2-tiny"]
+
+
+def test_an_adapter_whose_targets_its_named_base_lacks_is_refused(reg: Registry) -> None:
+    reg.push(torch.nn.Sequential(torch.nn.Linear(4, 4)), "mlp")
+    with pytest.raises(AdapterError, match="'c_attn'.*base does not have"):
+        reg.push(_lora(_base()), "lora", base="mlp:v1")
+
+
+def test_ls_and_delete_know_the_adapters_of_a_base(reg: Registry) -> None:
+    reg.push(_base(), "gpt2-tiny")
+    mv = reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
+    assert [a.ref for a in reg.list_adapters("gpt2-tiny:v1")] == [mv.ref]
+    assert [a.ref for a in reg.list_adapters("gpt2-tiny")] == [mv.ref]  # any version
+    assert reg.list_adapters("lora") == []
+    with pytest.raises(ReferencedVersionError, match="lora:v1.*force=True"):
+        reg.delete_version("gpt2-tiny:v1")
+    assert reg.show("gpt2-tiny:v1")
+    reg.delete_version("gpt2-tiny:v1", force=True)
+    with pytest.raises(BaseNotFoundError, match="push that base model again"):
+        reg.pull(mv.ref, device="cpu")
+    # The same weights pushed again are the base again: the adapter names them by digest.
+    reg.push(_base(), "gpt2-tiny")
+    assert isinstance(reg.pull(mv.ref, device="cpu"), peft.PeftModel)
+    # While another version holds the same weights, deleting one of them leaves the base.
+    reg.push(_base(), "gpt2-tiny")
+    reg.delete_version("gpt2-tiny:v2")
+    with pytest.raises(ReferencedVersionError):
+        reg.delete_version("gpt2-tiny:v3")
+
+
+def test_the_base_is_pulled_through_the_same_cache(reg: Registry, monkeypatch) -> None:
+    reg.push(_base(), "gpt2-tiny")
+    mv = reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
+    fetched: list[str] = []
+    original = type(reg.backend).blob_path
+
+    def spy(self, digest: str, size: int):  # type: ignore[no-untyped-def]
+        fetched.append(digest)
+        return original(self, digest, size)
+
+    monkeypatch.setattr(type(reg.backend), "blob_path", spy)
+    reg.pull("gpt2-tiny:v1", device="cpu")
+    base_blobs = list(fetched)
+    fetched.clear()
+    reg.pull(mv.ref, device="cpu")
+    assert fetched[:len(base_blobs)] == base_blobs  # the base's blobs, by digest, once each
+    assert len(fetched) == len(base_blobs) + 1  # plus the adapter's one shard
+
+
+def test_the_cli_shows_the_base_lists_adapters_and_needs_force(reg: Registry, home) -> None:
+    from tests.helpers import clean_env, run_cli
+
+    reg.push(_base(), "gpt2-tiny")
+    reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
+    env = clean_env(home)
+    shown = run_cli("show", "lora:v1", env=env, check=True).stdout
+    assert "over gpt2-tiny:v1" in shown and "LORA r=4 on c_attn" in shown
+    listing = run_cli("ls", "gpt2-tiny", env=env, check=True).stdout
+    assert "adapters:" in listing and "lora:v1" in listing.split("adapters:")[1]
+    refused = run_cli("rm", "gpt2-tiny:v1", env=env)
+    assert refused.returncode != 0 and "lora:v1" in refused.stderr and "--force" in refused.stderr
+    run_cli("rm", "gpt2-tiny:v1", "--force", env=env, check=True)
+
+
+def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry,
+                                                                   tmp_path) -> None:
+    reg.push(_base(), "gpt2-tiny")
+    tuned = _lora(_base())
+    mv = reg.push(tuned, "lora", base="gpt2-tiny:v1")
+    out = reg.save_pretrained(mv.ref, tmp_path / "adapter")
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json",
+                                                     "adapter_model.safetensors"]
+    loaded = peft.PeftModel.from_pretrained(_base(), out).eval()
+    torch.testing.assert_close(loaded(IDS).logits, tuned(IDS).logits)
