@@ -121,16 +121,20 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
 
 
-def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
+def write_safetensors(tensors: Mapping[str, torch.Tensor],
+                      path: str | os.PathLike[str] | BinaryIO,
                       metadata: Mapping[str, str] | None = None,
                       order: Sequence[str] | None = None) -> tuple[str, int]:
     """Write ``tensors`` (CPU, contiguous) as one safetensors file, aligned unless ``order``
     (the keys in the order their bytes follow each other) is given.
 
     Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
+    ``path`` may be an unbuffered file open for writing (one :mod:`registry.safewrite` made).
     """
     order, head = safetensors_header(tensors, metadata, order)
-    with open(path, "wb", buffering=0) as fh, HashingWriter(fh) as out:
+    opened = (contextlib.nullcontext(path) if hasattr(path, "fileno")
+              else open(path, "wb", buffering=0))  # type: ignore[arg-type]  # noqa: SIM115
+    with opened as fh, HashingWriter(fh) as out:
         out.write(head)
         for key in order:
             if nbytes(tensors[key]):

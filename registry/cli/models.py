@@ -78,8 +78,11 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     if os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
                                "--format hf / --files to write into a folder")
+    from pathlib import Path
+
     import torch
 
+    from .. import safewrite
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
     from ..weights import write_safetensors
 
@@ -94,7 +97,9 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
         metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:
         metadata["registry.extras"] = json.dumps(extras)
-    write_safetensors(tensors, output, metadata=metadata, order=list(tensors))
+    target = Path(output)
+    with safewrite.replacing(safewrite.folder(target.parent) / target.name) as fh:
+        write_safetensors(tensors, fh, metadata=metadata, order=list(tensors))
     click.echo(f"wrote {mv.ref} to {output}")
 
 

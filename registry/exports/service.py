@@ -7,7 +7,6 @@ server), and nothing here depends on which.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import safewrite
 from ..digests import sha256_file
 from ..errors import ExportError
 from ..refs import Ref, parse
@@ -137,14 +137,5 @@ def path_of(artifact: Artifact) -> Path:
 def copy_to(artifact: Artifact, output: Path) -> Path:
     """Copy a verified artifact to ``output`` (written beside it, then renamed)."""
     assert artifact.path is not None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        with open(artifact.path, "rb") as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        os.replace(tmp, output)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    safewrite.copy_file(safewrite.folder(output.parent) / output.name, artifact.path)
     return output
