@@ -289,10 +289,12 @@ class Registry:
         out: dict[str, torch.Tensor] = {}
         # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
         stagings = Stagings(prefault_threads=self.settings.prefault_threads)
-        for shard, path in as_ready(lambda f: self._backend.blob_path(f.digest, f.size),
-                                    weight_files(record.manifest)):
-            loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
-                                origin=origin, stagings=stagings)
+        # Each shard is mapped from the very file that was verified (Backend.open_blob).
+        for shard, fh in as_ready(lambda f: self._backend.open_blob(f.digest, f.size),
+                                  weight_files(record.manifest)):
+            with fh:
+                loaded = load_shard(fh, {k: specs[k] for k in shard.tensors}, placement,
+                                    policy, origin=origin, stagings=stagings)
             # Map the shard's pages on other threads while the pull goes on (prefault.py).
             prefault.start(loaded.values(), self.settings.prefault_threads)
             out.update(loaded)

@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
 from ._progress import transfer
@@ -203,7 +203,10 @@ class RemoteBackend:
         return record_from_wire(self._call("GET", "/resolve", params={"ref": str(ref)}))
 
     def blob_path(self, digest: str, size: int) -> Path:
-        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp))
+        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp), size)
+
+    def open_blob(self, digest: str, size: int) -> BinaryIO:
+        return self.cache.open(digest, lambda tmp: self._download(digest, size, tmp), size)
 
     def _download(self, digest: str, size: int, tmp: Path) -> str:
         """Stream the blob into ``tmp``, resuming with a Range request if the stream breaks;
