@@ -36,6 +36,7 @@ from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.catalog.repository import Reservation
 from registry.digests import HashingWriter, check_digest
+from registry.direct_uploads import verify_blobs
 from registry.errors import (
     DigestMismatchError,
     ManifestError,
@@ -254,8 +255,10 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         tags = cast(dict[str, str], validate_tags(body.tags))
         aliases = validate_aliases(body.aliases)
-        manifest = _checked_manifest(body.manifest, name, number,
-                                     local.reservation(name, number), tags)
+        reserved = local.reservation(name, number)
+        manifest = _checked_manifest(body.manifest, name, number, reserved, tags)
+        # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
+        verify_blobs(local.store, reserved.files, local.staging_dir())
         record = local.commit_push(name, number, manifest, tags, aliases)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()

@@ -178,6 +178,11 @@ class S3Store:
         except _Missing:
             return None
 
+    def etag(self, key: str) -> str | None:
+        """The object's ETag (changes whenever its bytes are written), or None if it is absent."""
+        head = self._head(key)
+        return None if head is None else str(head.get("ETag", ""))
+
     def put_file(self, key: str, path: Path, *, move: bool = False,
                  progress: Progress | None = None) -> None:
         """Upload with s3transfer: multipart with concurrent parts above the part size."""
