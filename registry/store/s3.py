@@ -212,6 +212,13 @@ class S3Store:
             response = self.client.get_object(Bucket=self.bucket, Key=full)
             return bytes(response["Body"].read())
 
+    def get_head(self, key: str, length: int) -> bytes:
+        """The first ``length`` bytes of the object (a ranged GET)."""
+        with self._mapped_errors(key):
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                              Range=f"bytes=0-{max(length, 1) - 1}")
+            return bytes(response["Body"].read())[:length]
+
     def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
         """Concurrent ranged GETs into ``path``, hashed as the bytes arrive; returns the digest.
 
