@@ -67,10 +67,13 @@ def collect(model: object, files: Mapping[str, str | os.PathLike[str]] | None
 
 def directory_files(directory: Path) -> dict[str, Path]:
     """Every non-weight file under ``directory`` by its relative name; hidden files and folders
-    (``.git``, ``.cache``) are not part of a model and are left out. Linked files are read
-    through their link (a Hugging Face cache snapshot is all links); linked folders are not
+    (``.git``, ``.cache``) are not part of a model and are left out. A linked file is read
+    through its link only where it resolves inside ``directory`` or, for a Hugging Face cache
+    snapshot (all links), into that cache's own ``blobs/``: any other link (``tokenizer.json ->
+    ~/.ssh/id_rsa`` in an unpacked tarball) is refused, naming it. Linked folders are not
     followed."""
     out: dict[str, Path] = {}
+    base = directory.resolve()
     for root, dirs, names in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
         for file_name in sorted(names):
@@ -78,8 +81,21 @@ def directory_files(directory: Path) -> dict[str, Path]:
             name = path.relative_to(directory).as_posix()
             if file_name.startswith(".") or is_weights_name(name) or not path.is_file():
                 continue
+            if path.is_symlink() and not _link_allowed(path.resolve(), base):
+                raise NormalizationError(
+                    f"{str(path)!r} is a link to {str(path.resolve())!r}, outside the folder "
+                    "being pushed; copy the file into the folder or remove the link")
             out[check_file_name(name)] = path
     return out
+
+
+def _link_allowed(target: Path, base: Path) -> bool:
+    """Whether a link in folder ``base`` may be followed to ``target``: inside ``base``, or a
+    Hugging Face cache's ``<repo>/blobs/<hash>`` when ``base`` is under ``<repo>/snapshots``."""
+    if target == base or base in target.parents:
+        return True
+    blobs = target.parent
+    return blobs.name == "blobs" and blobs.parent / "snapshots" in base.parents
 
 
 def stage(named: Mapping[str, Path], staging: Path) -> list[StagedFile]:

@@ -25,6 +25,7 @@ from .catalog.records import VersionRecord
 from .digests import HashingWriter, check_digest
 from .errors import (
     CatalogUnavailableError,
+    DigestMismatchError,
     RefError,
     RegistryError,
     SettingsError,
@@ -237,6 +238,10 @@ class RemoteBackend:
                             fh.truncate()
                             out = HashingWriter(fh)
                         for chunk in response.iter_bytes(_CHUNK):
+                            if out.written + len(chunk) > size:  # the manifest's size ends it
+                                raise DigestMismatchError(
+                                    f"download of {digest} from {_host(url)} sent more than "
+                                    f"the {size} bytes its manifest lists; it was discarded")
                             out.write(chunk)
                             progress(len(chunk))
                     out.close()
@@ -304,7 +309,8 @@ class RemoteBackend:
                             strict_int(answer.get("temporary_files", 0), "temporary_files",
                                        low=0, high=2**63),
                             strict_int(answer.get("temporary_bytes", 0), "temporary_bytes",
-                                       low=0, high=2**63))
+                                       low=0, high=2**63),
+                            strict_int(answer.get("unknown", 0), "unknown", low=0, high=2**63))
         except (KeyError, TypeError, RegistryError) as exc:
             raise RegistryError(f"registry server {self.url} sent a malformed gc report "
                                 f"({quoted(str(exc))})") from None

@@ -45,7 +45,7 @@ from registry.errors import (
     SettingsError,
     UnexpectedUploadError,
 )
-from registry.files import ROLES, VersionFile, check_file_name, version_files
+from registry.files import ROLES, VersionFile, check_file_name, check_push_files, version_files
 from registry.refs import (
     MAX_VERSION,
     parse,
@@ -234,7 +234,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
-        files = [_version_file(f) for f in body.files]
+        files = check_push_files([_version_file(f) for f in body.files])
         number, missing = local.begin_push(name, claim, files)
         log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
                  len(missing), len(files))
@@ -334,7 +334,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
                 "kept": report.kept, "stale_pushes": report.stale_pushes,
                 "young": report.young, "temporary_files": report.temporary_files,
-                "temporary_bytes": report.temporary_bytes}
+                "temporary_bytes": report.temporary_bytes, "unknown": report.unknown}
 
     @app.post(API + "/mlflow/sync", tags=["admin"])
     def mlflow_sync(full: bool = False, _caller: str = admin) -> dict[str, Any]:

@@ -209,6 +209,9 @@ def gc(ctx: click.Context) -> None:
     if report.young:
         click.echo(f"kept {report.young} unreferenced blob(s) younger than REGISTRY_GC_GRACE; "
                    "a later gc frees them")
+    if report.unknown:
+        click.echo(f"skipped {report.unknown} object(s) under blobs/ that are not blobs (named "
+                   "in the log); remove them by hand if nothing else uses them")
     if report.temporary_files or report.stale_pushes:
         click.echo(f"removed {report.temporary_files} temporary file(s) of crashed pushes and "
                    f"downloads ({human_bytes(report.temporary_bytes)}), dropped "
