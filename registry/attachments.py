@@ -14,14 +14,13 @@ the folder it lands in is checked again to lie inside the destination.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import safewrite
+from . import boundedjson, safewrite
 from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .digests import HashingWriter
 from .errors import CheckpointError, NormalizationError
@@ -177,7 +176,8 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; it is "
                               "not a model config")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = boundedjson.loads(path.read_text(encoding="utf-8"),
+                                parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{str(path)!r} is not valid JSON ({str(exc)[:120]}); fix or "
                               "remove it before pushing the directory") from None

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from . import boundedjson
 from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
 
@@ -104,7 +105,7 @@ class VerifiedFiles:
         memo = self._memo(path, digest)
         try:
             memo_identity = _identity(memo)
-            identity = json.loads(memo.read_text())
+            identity = boundedjson.loads(memo.read_text())
             if identity != _identity(path, fd):
                 return False
         except (OSError, ValueError):

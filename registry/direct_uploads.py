@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from . import boundedjson
 from .digests import hexdigest
 from .errors import DigestMismatchError, NotFoundError
 from .files import VersionFile
@@ -51,7 +52,7 @@ def verify_blob(store: ObjectStore, digest: str, size: int, scratch: Path) -> No
     seen = {"etag": etag, "size": size}
     if store.has(marker) is not None:
         try:
-            if json.loads(store.get_bytes(marker)) == seen:
+            if boundedjson.loads(store.get_bytes(marker)) == seen:
                 return
         except (NotFoundError, ValueError):
             pass

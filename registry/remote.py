@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
+from . import boundedjson
 from ._progress import transfer
 from .backends import PushResult
 from .cache import BlobCache
@@ -105,7 +106,7 @@ class RemoteBackend:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return response.json()
+            return boundedjson.loads(response.content)
         except ValueError:
             raise RegistryError(f"registry server {self.url} answered {method} {path} with "
                                 f"something that is not JSON (HTTP {response.status_code}); is "
@@ -341,7 +342,7 @@ def _raise_for_error(response: Any, base: str) -> None:
     if response.status_code < 400:
         return
     try:
-        error = response.json()["error"]
+        error = boundedjson.loads(response.content)["error"]
         code, message = str(error["code"])[:64], str(error["message"])
     except (ValueError, KeyError, TypeError):
         if response.status_code >= 500:

@@ -7,13 +7,14 @@ or overlap, so a crafted file can neither point outside the file nor alias anoth
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Mapping
 from typing import BinaryIO
 
 import torch
+
+from . import boundedjson
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
 
@@ -34,11 +35,13 @@ def parse_header(fh: BinaryIO, dtypes: Mapping[str, torch.dtype]) -> Parsed | No
         raise ValueError(f"header length {length} does not fit a {size}-byte file")
     raw = fh.read(length)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"header is not JSON: {exc}") from None
+        # As safetensors reads it: strict UTF-8 (no BOM, no UTF-16, no encoded surrogates).
+        header = boundedjson.loads(raw, max_depth=None)
+    except ValueError as exc:
+        raise ValueError(f"header is not JSON (strict UTF-8): {str(exc)[:160]}") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
+    _strict_strings(header)
     entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
     for key, info in header.items():
         if key == "__metadata__":
@@ -67,3 +70,18 @@ def parse_header(fh: BinaryIO, dtypes: Mapping[str, torch.dtype]) -> Parsed | No
     if 8 + length + at != size:
         raise ValueError(f"tensor data ends at {8 + length + at} in a {size}-byte file")
     return entries, 8 + length, size
+
+
+def _strict_strings(header: dict[str, object]) -> None:
+    """Refuse what safetensors refuses besides the bytes: a lone surrogate (``"\\ud800"``) in a
+    key or a dtype, and ``__metadata__`` that is not an object of strings."""
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("__metadata__ is not an object of strings")
+    texts = [*header, *metadata, *metadata.values()]
+    texts += [i["dtype"] for i in header.values() if isinstance(i, dict)
+              and isinstance(i.get("dtype"), str)]
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("header holds a lone surrogate (\\ud800-\\udfff)") from None

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .. import boundedjson
 from ..cache import VerifiedFiles
 from ..digests import hexdigest
 from ..direct_uploads import verify_blob
@@ -43,7 +44,7 @@ def expect(store: ObjectStore, digest: str, size: int) -> None:
 def expected_size(store: ObjectStore, digest: str) -> int:
     """The size a registration declared for export blob ``digest``; else UnexpectedUploadError."""
     try:
-        size = json.loads(store.get_bytes(pending_key(digest)))["size"]
+        size = boundedjson.loads(store.get_bytes(pending_key(digest)))["size"]
     except (NotFoundError, ValueError, TypeError, KeyError):
         size = None
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
