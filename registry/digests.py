@@ -41,8 +41,8 @@ def hexdigest(digest: str) -> str:
 def sha256_file(path: str | os.PathLike[str] | BinaryIO) -> str:
     """``"sha256:<hex>"`` of a file's bytes; of an open file's, from where it stands."""
     sha = hashlib.sha256()
-    opened = (contextlib.nullcontext(path) if hasattr(path, "readinto")
-              else open(path, "rb", buffering=0))  # type: ignore[arg-type]  # noqa: SIM115
+    opened: Any = (contextlib.nullcontext(path) if hasattr(path, "readinto")
+                   else open(path, "rb", buffering=0))  # type: ignore[arg-type]  # noqa: SIM115
     with opened as fh:
         buf = bytearray(_CHUNK)
         view = memoryview(buf)

@@ -90,7 +90,7 @@ def replacing(target: Path) -> Iterator[BinaryIO]:
         raise _refuse(target, exc.strerror or type(exc).__name__) from None
     try:
         with os.fdopen(fd, "wb", buffering=0) as fh:
-            yield fh  # type: ignore[misc]
+            yield fh
             os.fchmod(fh.fileno(), FILE_MODE)
         os.replace(tmp, target)
     except OSError as exc:

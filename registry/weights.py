@@ -135,7 +135,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor],
     """
     order, head = safetensors_header(tensors, metadata, order)
     opened = (contextlib.nullcontext(path) if hasattr(path, "fileno")
-              else open(path, "wb", buffering=0))  # type: ignore[arg-type]  # noqa: SIM115
+              else open(path, "wb", buffering=0))  # noqa: SIM115
     with opened as fh, HashingWriter(fh) as out:
         out.write(head)
         for key in order:
