@@ -14,15 +14,13 @@ the folder it lands in is checked again to lie inside the destination.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import boundedjson, safewrite
 from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .digests import HashingWriter
 from .errors import CheckpointError, NormalizationError
@@ -68,10 +66,13 @@ def collect(model: object, files: Mapping[str, str | os.PathLike[str]] | None
 
 def directory_files(directory: Path) -> dict[str, Path]:
     """Every non-weight file under ``directory`` by its relative name; hidden files and folders
-    (``.git``, ``.cache``) are not part of a model and are left out. Linked files are read
-    through their link (a Hugging Face cache snapshot is all links); linked folders are not
+    (``.git``, ``.cache``) are not part of a model and are left out. A linked file is read
+    through its link only where it resolves inside ``directory`` or, for a Hugging Face cache
+    snapshot (all links), into that cache's own ``blobs/``: any other link (``tokenizer.json ->
+    ~/.ssh/id_rsa`` in an unpacked tarball) is refused, naming it. Linked folders are not
     followed."""
     out: dict[str, Path] = {}
+    base = directory.resolve()
     for root, dirs, names in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
         for file_name in sorted(names):
@@ -79,8 +80,21 @@ def directory_files(directory: Path) -> dict[str, Path]:
             name = path.relative_to(directory).as_posix()
             if file_name.startswith(".") or is_weights_name(name) or not path.is_file():
                 continue
+            if path.is_symlink() and not _link_allowed(path.resolve(), base):
+                raise NormalizationError(
+                    f"{str(path)!r} is a link to {str(path.resolve())!r}, outside the folder "
+                    "being pushed; copy the file into the folder or remove the link")
             out[check_file_name(name)] = path
     return out
+
+
+def _link_allowed(target: Path, base: Path) -> bool:
+    """Whether a link in folder ``base`` may be followed to ``target``: inside ``base``, or a
+    Hugging Face cache's ``<repo>/blobs/<hash>`` when ``base`` is under ``<repo>/snapshots``."""
+    if target == base or base in target.parents:
+        return True
+    blobs = target.parent
+    return blobs.name == "blobs" and blobs.parent / "snapshots" in base.parents
 
 
 def stage(named: Mapping[str, Path], staging: Path) -> list[StagedFile]:
@@ -162,7 +176,8 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; it is "
                               "not a model config")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = boundedjson.loads(path.read_text(encoding="utf-8"),
+                                parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{str(path)!r} is not valid JSON ({str(exc)[:120]}); fix or "
                               "remove it before pushing the directory") from None
@@ -178,41 +193,32 @@ def _no_constant(name: str) -> Any:
 # -- pulling them back --------------------------------------------------------------------------
 
 def destination(root: Path, name: str) -> Path:
-    """Where file ``name`` goes under ``root``: a checked name, in a folder that resolves inside
-    ``root`` (a linked sub-folder pointing elsewhere is refused)."""
-    target = root / check_file_name(name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    base = root.resolve()
-    parent = target.parent.resolve()
-    if parent != base and base not in parent.parents:
-        raise NormalizationError(f"file {name!r} would be written to {str(parent)!r}, outside "
-                                 f"{str(root)!r} (a linked folder); remove the link or choose "
-                                 "an empty folder")
-    return target
+    """Where file ``name`` goes under ``root``: a checked name, in a folder made one level at a
+    time that resolves inside ``root`` (a linked sub-folder pointing elsewhere is refused before
+    anything is made)."""
+    check_file_name(name)
+    parent, _, base = name.rpartition("/")
+    return safewrite.folder(root, parent) / base
 
 
 def write_file(target: Path, source: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file in the same folder, so a reader
+    """Copy ``source`` to ``target`` through a new temporary file in the same folder, so a reader
     never sees half a file and an existing link at ``target`` is replaced, not followed."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".registry-")
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    safewrite.copy_file(target, source)
 
 
 def write_bytes(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".registry-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    safewrite.write_bytes(target, data)
+
+
+def _clashes(names: list[str]) -> None:
+    """Refuse a file list where one name is a folder of another (``x`` and ``x/y``): one of
+    them could not be written, and which would depend on the order."""
+    folders = {"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)}
+    for name in names:
+        if name in folders:
+            raise NormalizationError(f"file {name!r} is also a folder of another file of this "
+                                     "version, so the version cannot be written as files")
 
 
 def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
@@ -226,9 +232,9 @@ def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path
     if root.exists() and not root.is_dir():
         raise NormalizationError(f"{str(root)!r} exists and is not a folder; pass a folder to "
                                  "write the files into")
-    root.mkdir(parents=True, exist_ok=True)
-    for f in attached_files(manifest):
-        if skip(f.name):
-            continue
+    files = [f for f in attached_files(manifest) if not skip(f.name)]
+    _clashes([f.name for f in files])
+    safewrite.folder(root)
+    for f in files:
         write_file(destination(root, f.name), blob_path(f.digest, f.size))
     return root

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from . import manifest as mf
 from . import validate
@@ -21,7 +21,6 @@ from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
 from .errors import (
-    DigestMismatchError,
     MissingBlobError,
     NotFoundError,
     UnexpectedUploadError,
@@ -79,6 +78,8 @@ class Backend(Protocol):
     def resolve(self, ref: Ref) -> VersionRecord: ...
 
     def blob_path(self, digest: str, size: int) -> Path: ...
+
+    def open_blob(self, digest: str, size: int) -> BinaryIO: ...
 
     def list_models(self) -> list[str]: ...
     def list_versions(self, name: str) -> list[VersionRecord]: ...
@@ -171,17 +172,10 @@ class LocalBackend:
         if self.store.has(key) != size:
             return False
         local = self.store.open_local(key)
-        if local is not None:
-            try:
-                self.verified.verify(local, digest, what="stored blob")
-            except DigestMismatchError:
-                return False
-        # else a remote store's copy is verified by every pull instead.
-        # Reused bytes count as just written, so gc's grace protects them (registry/gc.py).
-        self.store.touch(key)
-        if local is not None:  # the memo records the times touch changed (not the bytes):
-            self.verified.remember(local, digest)  # else the next pull hashes the blob again
-        return True
+        if local is None:  # a remote store's copy is verified by every pull instead
+            self.store.touch(key)  # reused bytes count as just written: gc's grace protects them
+            return True
+        return self.verified.reuse(local, digest, size, lambda: self.store.touch(key))
 
     def upload(self, staged: StagedFile) -> None:
         """Store one staged file under its content address (consuming the staged copy)."""
@@ -321,17 +315,21 @@ class LocalBackend:
 
     def blob_path(self, digest: str, size: int) -> Path:
         """A local path holding verified bytes of ``digest``: in place, or in the cache."""
+        with self.open_blob(digest, size) as fh:
+            return Path(str(fh.name))
+
+    def open_blob(self, digest: str, size: int) -> BinaryIO:
+        """:meth:`blob_path`'s file, open: a pull maps the very file that was verified."""
         key = mf.blob_key(digest)
         local = self.store.open_local(key)
         if local is not None:
-            self.verified.verify(local, digest, what="stored blob")
-            return local
+            return self.verified.open(local, digest, what="stored blob", size=size)
 
         def download(tmp: Path) -> str:
             with transfer(size, f"pull {digest[7:19]}") as progress:
                 return self.store.get_to_file(key, tmp, progress=progress)
 
-        return self.cache.get(digest, download)
+        return self.cache.open(digest, download, size)
 
     # -- reads and changes ----------------------------------------------------------------
 

@@ -17,20 +17,62 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
+from . import boundedjson
 from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
 
 # Memos held in memory per VerifiedFiles; all are dropped when it is full.
 MAX_HELD = 1024
+# How often an open file that changed while it was hashed (a touch, a rename over it) is hashed
+# again before it is refused; only a hash during which it did not change is believed.
+HASH_ATTEMPTS = 3
 
 
 def _identity(path: Path, fd: int | None = None) -> list[int]:
-    st = path.stat() if fd is None else os.fstat(fd)
+    return _of(path.stat() if fd is None else os.fstat(fd))
+
+
+def identity_of(fh: BinaryIO) -> list[int]:
+    """The identity a memo records for the open file ``fh``."""
+    return _of(os.fstat(fh.fileno()))
+
+
+def _of(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def open_blob_file(path: Path, size: int | None, *, what: str) -> BinaryIO:
+    """``path`` opened for reading, refused (:class:`DigestMismatchError`) unless it is a
+    regular file of ``size`` bytes: a link to ``/dev/zero`` would be hashed forever, a FIFO
+    would block the open, a folder fail with a raw ``IsADirectoryError``. The checks are made
+    on the open file (``O_NONBLOCK``: a FIFO's open returns at once), before a byte is read."""
+    try:
+        fh = open(path, "rb", buffering=0,  # noqa: SIM115 - returned to the caller
+                  opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK | os.O_CLOEXEC))
+    except IsADirectoryError:
+        raise DigestMismatchError(f"{what} {path} is a folder, not a file; it was not loaded. "
+                                  "Remove it and push the same weights again") from None
+    try:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DigestMismatchError(
+                f"{what} {path} is not a regular file (a device, FIFO or socket); it was not "
+                "read. Remove it and push the same weights again")
+        if size is not None and st.st_size != size:
+            raise DigestMismatchError(
+                f"{what} {path} holds {st.st_size} bytes where its manifest lists {size}; it "
+                "was not loaded. Push the same weights again to repair it, or restore the file")
+    except BaseException:
+        fh.close()
+        raise
+    return fh
 
 
 class VerifiedFiles:
@@ -63,7 +105,7 @@ class VerifiedFiles:
         memo = self._memo(path, digest)
         try:
             memo_identity = _identity(memo)
-            identity = json.loads(memo.read_text())
+            identity = boundedjson.loads(memo.read_text())
             if identity != _identity(path, fd):
                 return False
         except (OSError, ValueError):
@@ -77,12 +119,14 @@ class VerifiedFiles:
             self._held.clear()
         self._held[(str(path), digest)] = (memo, memo_identity, identity)
 
-    def remember(self, path: Path, digest: str) -> None:
+    def remember(self, path: Path, digest: str, identity: list[int] | None = None) -> None:
+        """Record that ``path`` hashed to ``digest``: with ``identity``, the one of the open
+        file that was hashed (a file put at ``path`` since then does not match it)."""
         memo = self._memo(path, digest)
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".memo-")
-            identity = _identity(path)
+            identity = _identity(path) if identity is None else identity
             with os.fdopen(fd, "w") as fh:
                 json.dump(identity, fh)
             os.replace(tmp, memo)
@@ -90,22 +134,60 @@ class VerifiedFiles:
         except OSError:
             pass  # a memo is an optimisation: without it the file is simply hashed again
 
+    def reuse(self, path: Path, digest: str, size: int, touch: Callable[[], None]) -> bool:
+        """Whether ``path`` holds intact bytes of ``digest`` (of ``size``), calling ``touch``
+        (which changes the file's times) if it does. The memo then records the times as the
+        verified open file sees them (else the next pull hashes it again): a file put at
+        ``path`` meanwhile is another file, which the memo does not vouch for."""
+        try:
+            fh = self.open(path, digest, what="stored blob", size=size)
+        except DigestMismatchError:
+            return False
+        with fh:
+            touch()
+            self.remember(path, digest, identity_of(fh))
+        return True
+
     def forget(self, path: Path, digest: str) -> None:
         self._held.pop((str(path), digest), None)
         self._memo(path, digest).unlink(missing_ok=True)
 
-    def verify(self, path: Path, digest: str, *, what: str) -> None:
+    def verify(self, path: Path, digest: str, *, what: str, size: int | None = None) -> None:
         """Raise DigestMismatchError unless ``path`` hashes to ``digest`` (memo first)."""
-        if self.is_verified(path, digest):
-            return
-        actual = sha256_file(path)
-        if actual != digest:
-            self.forget(path, digest)
-            raise DigestMismatchError(
-                f"{what} {path} is corrupt: its sha256 is {actual}, expected {digest}; it was "
-                "not loaded. Push the same weights again to repair it, or restore the file"
-            )
-        self.remember(path, digest)
+        self.open(path, digest, what=what, size=size).close()
+
+    def open(self, path: Path, digest: str, *, what: str, size: int | None = None) -> BinaryIO:
+        """``path`` opened for reading (at offset 0), its bytes those of ``digest``: checked by
+        the memo against this open file's identity, else hashed through it. The caller maps or
+        reads the file it gets, so the bytes it loads are the bytes that were checked, even if
+        ``path`` is replaced meanwhile. Type and size are checked first (:func:`open_blob_file`);
+        a file that changed while it was hashed is hashed again, and refused if it keeps
+        changing."""
+        fh = open_blob_file(path, size, what=what)
+        try:
+            fd = fh.fileno()
+            if self.is_verified(path, digest, fd=fd):
+                return fh
+            for _attempt in range(HASH_ATTEMPTS):
+                before = _identity(path, fd)
+                actual = sha256_file(fh)
+                after = _identity(path, fd)
+                if after == before:
+                    break
+                fh.seek(0)  # touched (gc's grace) or replaced meanwhile: hash this file again
+            if actual != digest or after != before:
+                self.forget(path, digest)
+                changed = " (it kept changing while it was hashed)" if after != before else ""
+                raise DigestMismatchError(
+                    f"{what} {path} is corrupt: its sha256 is {actual}, expected {digest}"
+                    f"{changed}; it was not loaded. Push the same weights again to repair it, "
+                    "or restore the file")
+            self.remember(path, digest, before)
+            fh.seek(0)
+        except BaseException:
+            fh.close()
+            raise
+        return fh
 
 
 class BlobCache:
@@ -131,17 +213,23 @@ class BlobCache:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def get(self, digest: str, download: Callable[[Path], str | None]) -> Path:
+    def get(self, digest: str, download: Callable[[Path], str | None],
+            size: int | None = None) -> Path:
         """A verified local path for ``digest``, calling ``download(tmp_path)`` only if needed.
 
         ``download`` returns the sha256 of what it wrote when it hashed while writing; if it
         returns None the file is hashed here.
         """
+        self.open(digest, download, size).close()
+        return self.path(digest)
+
+    def open(self, digest: str, download: Callable[[Path], str | None],
+             size: int | None = None) -> BinaryIO:
+        """:meth:`get`, returning the verified file open (see :meth:`VerifiedFiles.open`)."""
         target = self.path(digest)
-        if target.exists():
+        if os.path.lexists(target):
             try:
-                self.verified.verify(target, digest, what="cached blob")
-                return target
+                return self.verified.open(target, digest, what="cached blob", size=size)
             except DigestMismatchError:
                 _remove(target)  # a corrupt cache entry is discarded and fetched again
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -160,10 +248,15 @@ class BlobCache:
         finally:
             tmp.unlink(missing_ok=True)
         self.verified.remember(target, digest)
-        return target
+        return self.verified.open(target, digest, what="cached blob", size=size)
 
 
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.chmod(path, 0o644)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            return
+        with contextlib.suppress(OSError):  # a link's target is not ours to change
+            if not path.is_symlink():
+                os.chmod(path, 0o644)
         path.unlink()

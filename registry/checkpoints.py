@@ -7,7 +7,6 @@ checkpoint from a GPU box is read, and its devices recorded, on a machine with n
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import boundedjson
 from .devices import device_sort_key
 from .errors import CheckpointError, UnsafeCheckpointError
 from .statedict import ModuleMetadata, clean_module_metadata, module_metadata_of
@@ -109,7 +109,7 @@ MODULE_METADATA_FIELD = "registry.module_metadata"
 def registry_key_order(metadata: Mapping[str, str], keys: list[str]) -> list[str]:
     """``keys`` in the order a registry-written file records, else as the file lists them."""
     try:
-        order = json.loads(metadata.get(KEY_ORDER_FIELD, "null"))
+        order = boundedjson.loads(metadata.get(KEY_ORDER_FIELD, "null"))
     except ValueError:
         order = None
     if isinstance(order, list) and len(order) == len(keys) and set(order) == set(keys):
@@ -119,7 +119,7 @@ def registry_key_order(metadata: Mapping[str, str], keys: list[str]) -> list[str
 
 def registry_module_metadata(metadata: Mapping[str, str]) -> ModuleMetadata:
     try:
-        recorded = json.loads(metadata.get(MODULE_METADATA_FIELD, "null"))
+        recorded = boundedjson.loads(metadata.get(MODULE_METADATA_FIELD, "null"))
     except ValueError:
         return {}
     return clean_module_metadata(recorded)
@@ -259,7 +259,7 @@ def _index_shards(index: Path) -> list[str]:
     if index.stat().st_size > MAX_INDEX_BYTES:
         raise CheckpointError(f"shard index {str(index)!r} is larger than {MAX_INDEX_BYTES} bytes")
     try:
-        data = json.loads(index.read_text())
+        data = boundedjson.loads(index.read_text())
         weight_map = data["weight_map"]
         names = list(dict.fromkeys(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError):

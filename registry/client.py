@@ -283,11 +283,15 @@ class Registry(Versions):
         out: dict[str, torch.Tensor] = {}
         # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
         stagings = Stagings(prefault_threads=self.settings.prefault_threads)
-        fetch = fetch or self._backend.blob_path  # an OCI pull's: its layers, verified
-        for shard, path in as_ready(lambda f: fetch(f.digest, f.size),
-                                    weight_files(record.manifest)):
-            loaded = load_shard(path, {k: specs[k] for k in shard.tensors}, placement, policy,
-                                origin=origin, stagings=stagings)
+        # Each shard is mapped from the very file that was verified (Backend.open_blob); an OCI
+        # pull's fetch hands back its verified layers in the cache.
+        opener = self._backend.open_blob if fetch is None else (
+            lambda digest, size: open(fetch(digest, size), "rb"))  # noqa: SIM115 (closed below)
+        for shard, fh in as_ready(lambda f: opener(f.digest, f.size),
+                                  weight_files(record.manifest)):
+            with fh:
+                loaded = load_shard(fh, {k: specs[k] for k in shard.tensors}, placement,
+                                    policy, origin=origin, stagings=stagings)
             # Map the shard's pages on other threads while the pull goes on (prefault.py).
             prefault.start(loaded.values(), self.settings.prefault_threads)
             out.update(loaded)

@@ -7,12 +7,13 @@ outside the process (a manifest, a store listing, a server's answer, a request) 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import RefError
 
@@ -37,10 +38,12 @@ def hexdigest(digest: str) -> str:
     return check_digest(digest)[7:]
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """``"sha256:<hex>"`` of a file's bytes."""
+def sha256_file(path: str | os.PathLike[str] | BinaryIO) -> str:
+    """``"sha256:<hex>"`` of a file's bytes; of an open file's, from where it stands."""
     sha = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
+    opened: Any = (contextlib.nullcontext(path) if hasattr(path, "readinto")
+                   else open(path, "rb", buffering=0))  # type: ignore[arg-type]  # noqa: SIM115
+    with opened as fh:
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):

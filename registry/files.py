@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .digests import version_digest
-from .errors import DigestMismatchError, RefError
+from .errors import DigestMismatchError, ManifestError, RefError
 
 Role = Literal["weights", "file", "export"]
 # Roles a push may list (exports are registered after the version exists).
@@ -139,6 +139,20 @@ def weights_digest(files: Iterable[VersionFile]) -> str:
 
 def total_size(files: Sequence[VersionFile]) -> int:
     return sum(f.size for f in files)
+
+
+def check_push_files(files: Sequence[VersionFile]) -> list[VersionFile]:
+    """``files`` if they can make a version: at least one weights file, no name twice; else
+    :class:`ManifestError` (a push a server is asked to begin is checked before it reserves)."""
+    if not any(f.role == "weights" for f in files):
+        raise ManifestError("a push lists no weights file; a version holds at least one "
+                            "safetensors shard (role 'weights')")
+    seen: set[str] = set()
+    for f in files:
+        if f.name in seen:
+            raise ManifestError(f"a push lists file {f.name!r} twice; list each file once")
+        seen.add(f.name)
+    return list(files)
 
 
 def unique_by_digest(files: Iterable[VersionFile]) -> list[VersionFile]:

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from .digests import PATTERN
 from .store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ class GcReport:
     # Temporary files of crashed pushes, uploads and downloads removed, and their bytes.
     temporary_files: int = 0
     temporary_bytes: int = 0
+    # Objects under blobs/ that are not blobs/sha256/<hex>: skipped, never deleted (named in
+    # the log), so one stray object cannot stop every gc.
+    unknown: int = 0
 
 
 def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: timedelta,
@@ -60,7 +65,10 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
     keep = referenced()
     candidates = []
     for key in list(store.list("blobs/")):
-        if blob_digest(key) in keep:
+        if parse_blob_key(key) is None:
+            log.warning("gc skipped %r: not a blob key (blobs/sha256/<hex>)", key[:200])
+            report.unknown += 1
+        elif blob_digest(key) in keep:
             report.kept += 1
         else:
             candidates.append(key)
@@ -95,6 +103,15 @@ def blob_digest(key: str) -> str:
     """``blobs/sha256/<hex>`` -> ``sha256:<hex>``."""
     _, algorithm, hexdigest = key.split("/", 2)
     return f"{algorithm}:{hexdigest}"
+
+
+def parse_blob_key(key: str) -> str | None:
+    """The digest ``blobs/sha256/<hex>`` names, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "blobs":
+        return None
+    digest = f"{parts[1]}:{parts[2]}"
+    return digest if re.fullmatch(PATTERN, digest) else None
 
 
 def _sweep(directory: Path, cutoff: datetime, report: GcReport) -> None:

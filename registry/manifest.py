@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
-from . import architectures
+from . import architectures, boundedjson
 from .digests import check_digest, hexdigest, sha256_bytes, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .validate import MAX_BLOB_BYTES
@@ -112,7 +112,7 @@ def loads(data: bytes | str, *, origin: str) -> dict[str, Any]:
     """Parse and :func:`validate` a manifest read from a store or sent by a client; a checksum
     it carries must match its content."""
     try:
-        manifest = json.loads(data, parse_constant=_no_constant)
+        manifest = boundedjson.loads(data, parse_constant=_no_constant)
     except ValueError as exc:
         raise ManifestError(f"manifest {origin} is not valid JSON: {str(exc)[:120]}") from None
     if isinstance(manifest, dict) and CHECKSUM_KEY in manifest:

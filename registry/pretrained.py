@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from . import adapters, attachments, quantized
+from . import adapters, attachments, quantized, safewrite
 from . import devices as dev
-from .errors import ArchitectureUnknownError, NormalizationError, QuantizationError
+from .errors import ArchitectureUnknownError, QuantizationError
 from .files import VersionFile, weight_files
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -155,15 +155,8 @@ def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int
     tensors = load_shard(source, {k: specs[k] for k in shard.tensors},
                          lambda _k: torch.device("cpu"),
                          lambda k, stored, _d: dtype_of(k, stored), origin=origin)
-    tmp = target.with_name(f".registry-{target.name}")
-    try:
-        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, tmp, metadata)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise NormalizationError(f"cannot write {str(target)!r}: "
-                                 f"{exc.strerror or type(exc).__name__}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    with safewrite.replacing(target) as fh:
+        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, fh, metadata)
 
 
 def _numel(shape: list[int]) -> int:

@@ -15,9 +15,10 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
+from . import boundedjson
 from ._progress import transfer
 from .backends import PushResult
 from .cache import BlobCache
@@ -25,6 +26,7 @@ from .catalog.records import VersionRecord
 from .digests import HashingWriter, check_digest
 from .errors import (
     CatalogUnavailableError,
+    DigestMismatchError,
     RefError,
     RegistryError,
     SettingsError,
@@ -104,7 +106,7 @@ class RemoteBackend:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return response.json()
+            return boundedjson.loads(response.content)
         except ValueError:
             raise RegistryError(f"registry server {self.url} answered {method} {path} with "
                                 f"something that is not JSON (HTTP {response.status_code}); is "
@@ -203,7 +205,10 @@ class RemoteBackend:
         return record_from_wire(self._call("GET", "/resolve", params={"ref": str(ref)}))
 
     def blob_path(self, digest: str, size: int) -> Path:
-        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp))
+        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp), size)
+
+    def open_blob(self, digest: str, size: int) -> BinaryIO:
+        return self.cache.open(digest, lambda tmp: self._download(digest, size, tmp), size)
 
     def _download(self, digest: str, size: int, tmp: Path) -> str:
         """Stream the blob into ``tmp``, resuming with a Range request if the stream breaks;
@@ -234,6 +239,10 @@ class RemoteBackend:
                             fh.truncate()
                             out = HashingWriter(fh)
                         for chunk in response.iter_bytes(_CHUNK):
+                            if out.written + len(chunk) > size:  # the manifest's size ends it
+                                raise DigestMismatchError(
+                                    f"download of {digest} from {_host(url)} sent more than "
+                                    f"the {size} bytes its manifest lists; it was discarded")
                             out.write(chunk)
                             progress(len(chunk))
                     out.close()
@@ -304,7 +313,8 @@ class RemoteBackend:
                             strict_int(answer.get("temporary_files", 0), "temporary_files",
                                        low=0, high=2**63),
                             strict_int(answer.get("temporary_bytes", 0), "temporary_bytes",
-                                       low=0, high=2**63))
+                                       low=0, high=2**63),
+                            strict_int(answer.get("unknown", 0), "unknown", low=0, high=2**63))
         except (KeyError, TypeError, RegistryError) as exc:
             raise RegistryError(f"registry server {self.url} sent a malformed gc report "
                                 f"({quoted(str(exc))})") from None
@@ -335,7 +345,7 @@ def _raise_for_error(response: Any, base: str) -> None:
     if response.status_code < 400:
         return
     try:
-        error = response.json()["error"]
+        error = boundedjson.loads(response.content)["error"]
         code, message = str(error["code"])[:64], str(error["message"])
     except (ValueError, KeyError, TypeError):
         if response.status_code >= 500:

@@ -18,11 +18,11 @@ where manifests are read (``manifest.py``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from . import boundedjson
 from .catalog.records import VersionRecord
 from .digests import check_digest
 from .errors import CheckpointError, RefError, RegistryError, quoted
@@ -212,7 +212,7 @@ def stored_bytes(size: int | None, key: str, read: Callable[[str], bytes]) -> by
 
 def stored_json(data: bytes, origin: str) -> object:
     try:
-        return json.loads(data)
+        return boundedjson.loads(data)
     except ValueError as exc:
         raise CheckpointError(f"store object {quoted(origin)} is not valid JSON "
                               f"({quoted(str(exc), 80)}); {_REBUILD_FIX}") from None

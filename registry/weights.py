@@ -54,7 +54,9 @@ import torch
 
 from .digests import HashingWriter
 from .errors import ManifestError, NormalizationError
+from .fdreader import read_open_file
 from .files import StagedFile, VersionFile, shard_name
+from .shardheader import parse_header
 from .staging import Staging, Stagings
 from .unchanged import KnownShard, matching, may_match
 
@@ -121,16 +123,20 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
 
 
-def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str],
+def write_safetensors(tensors: Mapping[str, torch.Tensor],
+                      path: str | os.PathLike[str] | BinaryIO,
                       metadata: Mapping[str, str] | None = None,
                       order: Sequence[str] | None = None) -> tuple[str, int]:
     """Write ``tensors`` (CPU, contiguous) as one safetensors file, aligned unless ``order``
     (the keys in the order their bytes follow each other) is given.
 
     Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
+    ``path`` may be an unbuffered file open for writing (one :mod:`registry.safewrite` made).
     """
     order, head = safetensors_header(tensors, metadata, order)
-    with open(path, "wb", buffering=0) as fh, HashingWriter(fh) as out:
+    opened = (contextlib.nullcontext(path) if hasattr(path, "fileno")
+              else open(path, "wb", buffering=0))  # noqa: SIM115
+    with opened as fh, HashingWriter(fh) as out:
         out.write(head)
         for key in order:
             if nbytes(tensors[key]):
@@ -265,7 +271,7 @@ DtypeFor = Callable[[str, torch.dtype, torch.device], torch.dtype]
 
 
 def load_shard(
-    path: Path,
+    path: Path | BinaryIO,
     expected: Mapping[str, Mapping[str, object]],
     placement: Callable[[str], torch.device],
     dtype_for: DtypeFor,
@@ -279,6 +285,7 @@ def load_shard(
     tensors differ from what the manifest lists is refused, so a manifest can never make a pull
     hand back tensors it does not describe. Tensors bound for a device that ``stagings`` stages
     for (CUDA) cross through its pinned buffers (:mod:`registry.staging`), in file order.
+    ``path`` may be the verified open file (``Backend.open_blob``): that very file is mapped.
     """
     out: dict[str, torch.Tensor] = {}
     staged: dict[Staging, list[tuple[str, torch.Tensor, torch.dtype]]] = {}
@@ -288,7 +295,7 @@ def load_shard(
             extra = sorted(set(keys) - set(expected))[:3]
             missing = sorted(set(expected) - set(keys))[:3]
             raise ManifestError(
-                f"{origin}: shard {path.name[:16]} holds other tensors than its manifest lists "
+                f"{origin}: shard {_label(path)} holds other tensors than its manifest lists "
                 f"(unlisted {extra}, absent {missing}); the manifest or the store was tampered "
                 "with: push the model again"
             )
@@ -325,12 +332,13 @@ def load_shard(
 # -- mapping a shard --------------------------------------------------------------------------
 
 CODE_DTYPES: dict[str, torch.dtype] = {code: dtype for dtype, code in DTYPE_CODES.items()}
-MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
 
 
 @contextlib.contextmanager
-def _mapped(path: Path, origin: str) -> Iterator[Mapping[str, Callable[[], torch.Tensor]]]:
-    """``{key: make tensor}`` for every tensor of the safetensors file at ``path``, each on
+def _mapped(path: Path | BinaryIO, origin: str
+            ) -> Iterator[Mapping[str, Callable[[], torch.Tensor]]]:
+    """``{key: make tensor}`` for every tensor of the safetensors file at ``path`` (or open as
+    ``path``, then read from offset 0 and left open), each on
     its own bytes of one private memory map of the whole file.
 
     safetensors' ``get_tensor`` costs ~65 us a tensor here (a Python storage slice and a view
@@ -338,27 +346,25 @@ def _mapped(path: Path, origin: str) -> Iterator[Mapping[str, Callable[[], torch
     the map (~7 us). The header is checked as safetensors checks it (known dtypes, sizes that
     match shapes, offsets that tile the data with no hole or overlap), so a crafted file can
     neither point outside the map nor alias another tensor. A file with a dtype this table
-    lacks is read through ``safe_open``."""
-    with open(path, "rb") as fh:
+    lacks is read through ``safe_open``, of the same open file."""
+    with (open(path, "rb") if isinstance(path, str | os.PathLike)
+          else contextlib.nullcontext(path)) as fh:
+        fh.seek(0)
         try:
-            parsed = _parse_header(fh)
+            parsed = parse_header(fh, CODE_DTYPES)
         except (ValueError, OSError) as exc:
             raise ManifestError(
-                f"{origin}: shard {path.name[:16]} is not a valid safetensors file ({exc}); the "
+                f"{origin}: shard {_label(path)} is not a valid safetensors file ({exc}); the "
                 "store was tampered with: push the model again") from None
+        if parsed is None:
+            with read_open_file(fh, _label(path), origin) as st:
+                yield st
+            return
         # Private and writable, as torch maps a file: a tensor written in place copies its
         # pages and never changes the shard.
-        mapped = None if parsed is None else mmap.mmap(
-            fh.fileno(), parsed[2], flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    if mapped is not None:
-        _ask_for_huge_pages(mapped)
-    if parsed is None or mapped is None:
-        from safetensors.torch import safe_open
-
-        with safe_open(str(path), framework="pt", device="cpu") as st:
-            yield {key: functools.partial(st.get_tensor, key)
-                   for key in st.keys()}  # noqa: SIM118 - safe_open is not iterable
-        return
+        mapped = mmap.mmap(fh.fileno(), parsed[2], flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    _ask_for_huge_pages(mapped)
     entries, start, _ = parsed
 
     def make(dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
@@ -371,6 +377,10 @@ def _mapped(path: Path, origin: str) -> Iterator[Mapping[str, Callable[[], torch
 
     yield {key: functools.partial(make, dtype, shape, begin, end)
            for key, (dtype, shape, begin, end) in entries.items()}
+
+
+def _label(path: Path | BinaryIO) -> str:
+    return Path(str(getattr(path, "name", path))).name[:16]
 
 
 HUGE_PAGE = 2 * 2**20  # a PMD on x86-64 and 4 KiB-page arm64: smaller maps get no advice
@@ -390,52 +400,3 @@ def _ask_for_huge_pages(mapped: mmap.mmap) -> None:
     if advice is not None and len(mapped) >= HUGE_PAGE:
         with contextlib.suppress(OSError):
             mapped.madvise(advice)
-
-
-def _parse_header(fh: BinaryIO) -> tuple[dict[str, tuple[torch.dtype, list[int], int, int]],
-                                         int, int] | None:
-    """``({key: (dtype, shape, begin, end)}, data start, file size)`` of the safetensors file
-    open as ``fh``, refused (``ValueError``) unless its offsets tile the data exactly; None
-    where a dtype is outside :data:`CODE_DTYPES`."""
-    size = os.fstat(fh.fileno()).st_size
-    head = fh.read(8)
-    if len(head) < 8:
-        raise ValueError("shorter than the 8-byte header length")
-    (length,) = struct.unpack("<Q", head)
-    if length > MAX_HEADER or 8 + length > size:
-        raise ValueError(f"header length {length} does not fit a {size}-byte file")
-    raw = fh.read(length)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
-    entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise ValueError(f"tensor {key!r} lacks dtype, shape or data_offsets") from None
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-                and type(begin) is int and type(end) is int and 0 <= begin <= end):
-            raise ValueError(f"tensor {key!r} has a malformed shape or offsets")
-        dtype = CODE_DTYPES.get(code) if isinstance(code, str) else None
-        if dtype is None:
-            return None
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel * dtype.itemsize != end - begin:
-            raise ValueError(f"tensor {key!r}: {end - begin} bytes for {code} {shape}")
-        entries[key] = (dtype, shape, begin, end)
-    at = 0
-    for begin, end in sorted((e[2], e[3]) for e in entries.values()):
-        if begin != at:
-            raise ValueError(f"tensor data at offset {begin} where {at} was expected")
-        at = end
-    if 8 + length + at != size:
-        raise ValueError(f"tensor data ends at {8 + length + at} in a {size}-byte file")
-    return entries, 8 + length, size

@@ -36,6 +36,7 @@ from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.catalog.repository import Reservation
 from registry.digests import HashingWriter, check_digest
+from registry.direct_uploads import verify_blobs
 from registry.errors import (
     DigestMismatchError,
     ManifestError,
@@ -44,7 +45,7 @@ from registry.errors import (
     SettingsError,
     UnexpectedUploadError,
 )
-from registry.files import ROLES, VersionFile, check_file_name, version_files
+from registry.files import ROLES, VersionFile, check_file_name, check_push_files, version_files
 from registry.refs import (
     MAX_VERSION,
     parse,
@@ -233,7 +234,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def begin_push(name: str, body: PushBegin, caller: str = write) -> dict[str, Any]:
         name = validate_name(name)
         claim = None if body.version is None else validate_version(body.version)
-        files = [_version_file(f) for f in body.files]
+        files = check_push_files([_version_file(f) for f in body.files])
         number, missing = local.begin_push(name, claim, files)
         log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
                  len(missing), len(files))
@@ -254,8 +255,10 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         tags = cast(dict[str, str], validate_tags(body.tags))
         aliases = validate_aliases(body.aliases)
-        manifest = _checked_manifest(body.manifest, name, number,
-                                     local.reservation(name, number), tags)
+        reserved = local.reservation(name, number)
+        manifest = _checked_manifest(body.manifest, name, number, reserved, tags)
+        # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
+        verify_blobs(local.store, reserved.files, local.staging_dir())
         record = local.commit_push(name, number, manifest, tags, aliases)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()
@@ -334,7 +337,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
                 "kept": report.kept, "stale_pushes": report.stale_pushes,
                 "young": report.young, "temporary_files": report.temporary_files,
-                "temporary_bytes": report.temporary_bytes}
+                "temporary_bytes": report.temporary_bytes, "unknown": report.unknown}
 
     @app.post(API + "/mlflow/sync", tags=["admin"])
     def mlflow_sync(full: bool = False, _caller: str = admin) -> dict[str, Any]:

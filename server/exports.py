@@ -17,12 +17,11 @@ from pydantic import BaseModel, ConfigDict
 
 from registry.backends import LocalBackend
 from registry.digests import check_digest
+from registry.exports import checks, records
 from registry.exports import local as exports
-from registry.exports import records
 from registry.files import VersionFile
 from registry.manifest import blob_key
 from registry.refs import validate_name, validate_version
-from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, EXPORTS_ROUTE
 
 
@@ -53,6 +52,7 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
         record = records.check(body.record, f"export request for {name}:v{number}")
         exports.list_exports(local, name, number)  # NotFoundError for an unknown version
         if local.store.has(blob_key(record["digest"])) != record["size"]:
+            checks.expect(local.store, record["digest"], record["size"])
             file = VersionFile("export", record["format"], record["digest"], record["size"])
             target = upload_target(local, file)
             if not target["direct"]:
@@ -61,6 +61,9 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
                 target["url"] = (path.format(name=name, version=number)
                                  + f"/blobs/{record['digest']}")
             return {"export": None, "uploads": [target]}
+        # Hash, size and format checked here; max_abs_diff stays the uploader's claim.
+        record = checks.check_blob(local.store, local.verified, record, local.staging_dir())
+        checks.done(local.store, record["digest"])
         kept = exports.register(local, name, number, record)
         changed()
         return {"export": kept, "uploads": []}
@@ -68,7 +71,10 @@ def add_export_routes(app: FastAPI, local: LocalBackend, read: Any, write: Any,
     @app.put(path + "/blobs/{digest}", tags=["exports"], status_code=201)
     async def upload_export_blob(name: str, version: str, digest: str, request: Request,
                                  _caller: str = write) -> dict[str, Any]:
-        """The blob of an export of an existing version, sent through this server."""
+        """The blob of an export of an existing version, sent through this server; only one a
+        registration asked for, of at most the size it declared."""
         name, number = validate_name(name), validate_version(version)
         exports.list_exports(local, name, number)  # NotFoundError for an unknown version
-        return await receive_blob(local, check_digest(digest), request, MAX_BLOB_BYTES)
+        digest = check_digest(digest)
+        limit = checks.expected_size(local.store, digest)
+        return await receive_blob(local, digest, request, limit)

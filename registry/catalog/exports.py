@@ -11,6 +11,8 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
+from .. import boundedjson
+from ..errors import ManifestError
 from .models import READY, ExportRow, ModelRow, VersionRow
 from .repository import Catalog
 
@@ -27,7 +29,16 @@ def list_exports(catalog: Catalog, name: str, version: int) -> list[dict[str, An
         version_id = _version_id(catalog, s, name, version)
         rows = s.scalars(select(ExportRow).where(ExportRow.version_id == version_id)
                          .order_by(ExportRow.id)).all()
-        return [json.loads(r.record) for r in rows]
+        return [_record(r.record, name, version) for r in rows]
+
+
+def _record(text: str, name: str, version: int) -> Any:
+    try:
+        return boundedjson.loads(text)
+    except ValueError:
+        raise ManifestError(f"an export row of {name}:v{version} in the catalog is not valid "
+                            "JSON; remove it (or delete the version's exports) and export "
+                            "again") from None
 
 
 def add_export(catalog: Catalog, name: str, version: int,

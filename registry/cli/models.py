@@ -85,8 +85,11 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     if os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
                                "--format hf / --files to write into a folder")
+    from pathlib import Path
+
     import torch
 
+    from .. import safewrite
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
     from ..weights import write_safetensors
 
@@ -101,7 +104,9 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
         metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:
         metadata["registry.extras"] = json.dumps(extras)
-    write_safetensors(tensors, output, metadata=metadata, order=list(tensors))
+    target = Path(output)
+    with safewrite.replacing(safewrite.folder(target.parent) / target.name) as fh:
+        write_safetensors(tensors, fh, metadata=metadata, order=list(tensors))
     click.echo(f"wrote {mv.ref} to {output}")
 
 
@@ -221,6 +226,9 @@ def gc(ctx: click.Context) -> None:
     if report.young:
         click.echo(f"kept {report.young} unreferenced blob(s) younger than REGISTRY_GC_GRACE; "
                    "a later gc frees them")
+    if report.unknown:
+        click.echo(f"skipped {report.unknown} object(s) under blobs/ that are not blobs (named "
+                   "in the log); remove them by hand if nothing else uses them")
     if report.temporary_files or report.stale_pushes:
         click.echo(f"removed {report.temporary_files} temporary file(s) of crashed pushes and "
                    f"downloads ({human_bytes(report.temporary_bytes)}), dropped "

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 
 def list_exports(local: LocalBackend, name: str, version: int) -> list[dict[str, Any]]:
-    return rows.list_exports(local.catalog, name, version)
+    """The export records of ``name:vN``, each checked (a catalog row is read from outside too:
+    a hand-edited or half-migrated one is a ManifestError naming it, never a KeyError)."""
+    return records.check_list(rows.list_exports(local.catalog, name, version),
+                              f"the catalog's exports of {name}:v{version}")
 
 
 def register(local: LocalBackend, name: str, version: int, record: dict[str, Any],

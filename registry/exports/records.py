@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .. import boundedjson
 from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
 from .artifact import FORMATS
@@ -80,7 +81,7 @@ def loads(data: bytes, name: str, version: int, origin: str) -> list[dict[str, A
     """The records of a stored ``.exports.json``, checked, and refused if the file names
     another version than the key it was found under."""
     try:
-        parsed = json.loads(data)
+        parsed = boundedjson.loads(data)
     except ValueError:
         raise ManifestError(f"store object {origin} is not valid JSON; remove or repair it, then "
                             "run `registry db rebuild` again") from None

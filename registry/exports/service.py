@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import safewrite
 from ..digests import hexdigest, sha256_file
 from ..errors import ExportError
 from ..refs import Ref, parse
@@ -149,26 +150,11 @@ def destination(artifact: Artifact, out: Path) -> Path:
 
 
 def copy_to(artifact: Artifact, output: Path) -> Path:
-    """Copy a verified artifact to :func:`destination` of ``output``, atomically."""
+    """Copy a verified artifact to :func:`destination` of ``output`` (a new file beside it,
+    renamed into place; folders made one level at a time, see :mod:`registry.safewrite`)."""
     target = destination(artifact, output)
-    _write_atomically(path_of(artifact), target)
+    safewrite.copy_file(safewrite.folder(target.parent) / target.name, path_of(artifact))
     return target
-
-
-def _write_atomically(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file of its own (``mkstemp``) in the
-    same directory, renamed over ``target``: a reader never sees half a file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        os.chmod(name, 0o644)
-        os.replace(name, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
 
 
 def _named_link(blob: Path, digest: str, suffix: str, directory: Path) -> Path:
@@ -183,7 +169,7 @@ def _named_link(blob: Path, digest: str, suffix: str, directory: Path) -> Path:
     try:
         os.symlink(blob.resolve(), tmp)
     except OSError:
-        _write_atomically(blob, target)
+        safewrite.copy_file(target, blob)
         return target
     try:
         os.replace(tmp, target)

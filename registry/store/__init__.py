@@ -78,9 +78,12 @@ class Staging(Protocol):
 
 @runtime_checkable
 class Presigning(Protocol):
-    """A store that can hand out URLs for one object, so bytes bypass the server."""
+    """A store that can hand out URLs for one object, so bytes bypass the server (which then
+    verifies what arrived: ``registry/direct_uploads.py``, keyed by the object's ETag)."""
 
     def presign(self, key: str, method: str, *, expires_s: int = ...) -> str: ...
+
+    def etag(self, key: str) -> str | None: ...
 
 
 @runtime_checkable

@@ -178,6 +178,11 @@ class S3Store:
         except _Missing:
             return None
 
+    def etag(self, key: str) -> str | None:
+        """The object's ETag (changes whenever its bytes are written), or None if it is absent."""
+        head = self._head(key)
+        return None if head is None else str(head.get("ETag", ""))
+
     def put_file(self, key: str, path: Path, *, move: bool = False,
                  progress: Progress | None = None) -> None:
         """Upload with s3transfer: multipart with concurrent parts above the part size."""
@@ -206,6 +211,13 @@ class S3Store:
         with self._mapped_errors(key):
             response = self.client.get_object(Bucket=self.bucket, Key=full)
             return bytes(response["Body"].read())
+
+    def get_head(self, key: str, length: int) -> bytes:
+        """The first ``length`` bytes of the object (a ranged GET)."""
+        with self._mapped_errors(key):
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                              Range=f"bytes=0-{max(length, 1) - 1}")
+            return bytes(response["Body"].read())[:length]
 
     def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
         """Concurrent ranged GETs into ``path``, hashed as the bytes arrive; returns the digest.

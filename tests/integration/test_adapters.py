@@ -111,13 +111,13 @@ def test_the_base_is_pulled_through_the_same_cache(reg: Registry, monkeypatch) -
     reg.push(_base(), "gpt2-tiny")
     mv = reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
     fetched: list[str] = []
-    original = type(reg.backend).blob_path
+    original = type(reg.backend).open_blob
 
     def spy(self, digest: str, size: int):  # type: ignore[no-untyped-def]
         fetched.append(digest)
         return original(self, digest, size)
 
-    monkeypatch.setattr(type(reg.backend), "blob_path", spy)
+    monkeypatch.setattr(type(reg.backend), "open_blob", spy)
     reg.pull("gpt2-tiny:v1", device="cpu")
     base_blobs = list(fetched)
     fetched.clear()

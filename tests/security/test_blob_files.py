@@ -1,0 +1,133 @@
+"""A blob in the store folder is whatever a writer of that folder put there: it is opened once,
+its type and size are checked on that open file against the manifest before a byte is read, it
+is hashed through it, and that very file is mapped for loading. The memo records the identity
+of the file that was hashed, so a file put at the blob's path later is never vouched for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+import registry
+from registry import cache
+from registry.errors import DigestMismatchError
+from registry.weights import write_safetensors
+from tests.helpers import trained_mlp
+from tests.integration.serving import Service
+
+
+def _blob(reg: registry.Registry, mv: registry.ModelVersion) -> Path:
+    return reg.settings.home / "objects" / "blobs" / "sha256" / mv.digest.removeprefix("sha256:")
+
+
+def _swap(blob: Path, state: dict[str, torch.Tensor]) -> None:
+    """Put another file at ``blob``'s path, as a writer of the store folder would: same keys,
+    shapes and size, other values."""
+    other = blob.with_name("other")
+    write_safetensors({k: v + 1 for k, v in state.items()}, other)
+    assert other.stat().st_size == blob.stat().st_size
+    os.replace(other, blob)
+
+
+def _finishes(call: Callable[[], Any], seconds: float = 120) -> BaseException | None:
+    """Run ``call`` on a thread; the error it raised. A call still running after ``seconds``
+    (hashing /dev/zero forever, blocked on a FIFO) fails the test instead of hanging it."""
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            caught.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "the pull never returned: it is reading a file with no end"
+    return caught[0] if caught else None
+
+
+def test_a_blob_replaced_while_it_is_hashed_is_neither_loaded_nor_vouched_for(
+        reg: registry.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = trained_mlp()
+    mv = reg.push(model, "m")
+    for memo in (reg.settings.cache_dir / "verified").iterdir():
+        memo.unlink()  # the next pull hashes the blob
+    blob = _blob(reg, mv)
+    real = cache.sha256_file
+
+    def hash_then_swap(source: Any) -> str:
+        digest = real(source)
+        _swap(blob, model.state_dict())
+        return digest
+
+    monkeypatch.setattr(cache, "sha256_file", hash_then_swap)
+    fresh = registry.Registry(home=reg.settings.home)
+    pulled = fresh.pull_state_dict("m", device="cpu")
+    monkeypatch.setattr(cache, "sha256_file", real)
+    for key, value in model.state_dict().items():
+        assert torch.equal(pulled[key], value), f"{key}: the swapped file was loaded"
+    fresh.close()
+    again = registry.Registry(home=reg.settings.home)
+    with pytest.raises(DigestMismatchError, match="corrupt"):
+        again.pull_state_dict("m", device="cpu")
+    again.push(model, "m")  # pushing the true weights again repairs the store
+    repaired = again.pull_state_dict("m", device="cpu")
+    assert all(torch.equal(repaired[k], v) for k, v in model.state_dict().items())
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo", "folder", "longer", "shorter"])
+def test_a_blob_that_is_not_the_manifests_file_is_refused_before_it_is_read(
+        reg: registry.Registry, kind: str) -> None:
+    mv = reg.push(trained_mlp(), "m")
+    blob = _blob(reg, mv)
+    data = blob.read_bytes()
+    blob.chmod(0o644)
+    blob.unlink()
+    if kind == "link to /dev/zero":
+        blob.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(blob)
+    elif kind == "folder":
+        blob.mkdir()
+    else:
+        blob.write_bytes(data + b"\0" * 64 if kind == "longer" else data[:-64])
+    fresh = registry.Registry(home=reg.settings.home)
+    error = _finishes(lambda: fresh.pull_state_dict("m", device="cpu"))
+    assert isinstance(error, DigestMismatchError), repr(error)
+    assert str(blob) in str(error)
+    if kind in ("longer", "shorter"):  # refused on its size, before it was hashed
+        assert "where its manifest lists" in str(error)
+    fresh.close()
+
+
+def test_the_server_answers_a_blob_that_is_a_link_to_dev_zero(server: Service) -> None:
+    home: Path = server.home  # type: ignore[attr-defined]
+    client = registry.Registry(server.url, home=server.root / "work" / "zero")  # type: ignore
+    torch.manual_seed(7)
+    mv = client.push(torch.nn.Linear(3, 5), "zero")
+    client.close()
+    blob = home / "objects" / "blobs" / "sha256" / mv.digest.removeprefix("sha256:")
+    data = blob.read_bytes()
+    blob.chmod(0o644)
+    blob.unlink()
+    blob.symlink_to("/dev/zero")
+    try:
+        responses: list[httpx.Response] = []
+        error = _finishes(lambda: responses.append(httpx.get(
+            f"{server.url}/api/v1/blobs/{mv.digest}", timeout=60)))
+        assert error is None, repr(error)
+        assert 400 <= responses[0].status_code < 500, responses[0].status_code
+        assert len(responses[0].content) < 2000
+    finally:
+        blob.unlink()
+        blob.write_bytes(data)
