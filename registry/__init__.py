@@ -28,6 +28,8 @@ from ._api import (
     set_alias,
     set_tags,
     show,
+    sign,
+    verify,
 )
 from .client import Registry
 from .errors import (
@@ -48,6 +50,7 @@ from .errors import (
     RegistryError,
     SchemaOutOfDateError,
     SettingsError,
+    SignatureError,
     StateDictMismatchError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -62,6 +65,7 @@ from .manifest import ModelVersion
 from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
+from .signing import Signature
 
 __version__ = "0.1.0"
 
@@ -89,6 +93,8 @@ __all__ = [
     "SchemaOutOfDateError",
     "Settings",
     "SettingsError",
+    "Signature",
+    "SignatureError",
     "StateDictMismatchError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -114,4 +120,6 @@ __all__ = [
     "set_alias",
     "set_tags",
     "show",
+    "sign",
+    "verify",
 ]

@@ -24,6 +24,7 @@ from .materialize import ModelSpec
 from .placement import DeviceMap, NoSplit
 from .refs import Ref
 from .settings import Settings
+from .signing import Signature
 
 _defaults: dict[Settings, Registry] = {}
 _defaults_lock = threading.Lock()
@@ -44,13 +45,14 @@ def push(model: ModelInput, name: str | None = None, *, tags: Mapping[str, str] 
          factory_kwargs: Mapping[str, Any] | None = None, precision: str | None = None,
          keep_in_fp32: Iterable[str] = (),
          shard_size: int | str | None = None,
-         files: Mapping[str, str | os.PathLike[str]] | None = None) -> ModelVersion:
+         files: Mapping[str, str | os.PathLike[str]] | None = None,
+         sign_key: str | os.PathLike[str] | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted); see
     :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                   files=files)
+                                   files=files, sign_key=sign_key)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
@@ -143,3 +145,16 @@ def pull_export(ref: str | Ref, *, format: ExportFormat = "onnx",
 def list_exports(ref: str | Ref) -> list[Artifact]:
     """The stored exports of ``ref``; see :meth:`Registry.list_exports`."""
     return default_registry().list_exports(ref)
+
+
+def sign(ref: str | Ref, *, key: str | os.PathLike[str],
+         certificate: str | os.PathLike[str] | None = None,
+         chain: Sequence[str | os.PathLike[str]] = ()) -> Signature:
+    """Sign version ``ref`` (OpenSSF Model Signing); see :meth:`Registry.sign`."""
+    return default_registry().sign(ref, key=key, certificate=certificate, chain=chain)
+
+
+def verify(ref: str | Ref, *, public_keys: Sequence[str | os.PathLike[str]] | None = None,
+           certificates: Sequence[str | os.PathLike[str]] | None = None) -> list[Signature]:
+    """The signatures of ``ref`` that verify with trusted keys; see :meth:`Registry.verify`."""
+    return default_registry().verify(ref, public_keys=public_keys, certificates=certificates)

@@ -18,7 +18,8 @@ from . import manifest as mf
 from . import materialize as mat
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
-from .errors import DigestMismatchError, RefError, SettingsError
+from .checked import checked as _checked
+from .errors import RefError, SettingsError
 from .exports import Artifact, ExportFormat
 from .files import weight_files, weights_digest
 from .gc import GcReport
@@ -37,6 +38,7 @@ from .refs import (
     validate_version,
 )
 from .settings import Settings, parse_size
+from .signing.facade import SignedVersions
 from .staging import Stagings
 from .statedict import ordered_state
 from .store import ObjectStore
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
 
-class Registry:
+class Registry(SignedVersions):
     """A model registry: embedded (SQLite + local files) by default, configured by environment.
 
     ``Registry(uri=None, *, home=None, catalog=None, store=None, token=None)``: ``catalog`` and
@@ -109,6 +111,7 @@ class Registry:
         keep_in_fp32: Iterable[str] = (),
         shard_size: int | str | None = None,
         files: Mapping[str, str | os.PathLike[str]] | None = None,
+        sign_key: str | os.PathLike[str] | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -122,6 +125,7 @@ class Registry:
         Weights are cut into safetensors shards of about ``shard_size`` (default
         ``REGISTRY_SHARD_SIZE``, 1 GiB) at module-group boundaries; only shards the store lacks
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
+        ``sign_key`` (an EC private key, PEM) signs the new version (see :meth:`sign`).
         """
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
@@ -145,6 +149,7 @@ class Registry:
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
                             record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
+        named = self._signed_source(model, named, weights.source)
         if target is None:
             target = architectures.default_name(tag_map, architecture)
         # The latest version's shards found on this machine are compared, not written again.
@@ -185,7 +190,7 @@ class Registry:
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
-        return _version(result.record, push=result.report())
+        return self._signed_push(_version(result.record, push=result.report()), sign_key)
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -207,7 +212,7 @@ class Registry:
         ``_no_split_modules``) on one device each. ``align_inputs=True`` moves and casts inputs
         to the module's device and dtype and returns outputs where the inputs came from.
         """
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
                           align_inputs)
 
@@ -241,7 +246,7 @@ class Registry:
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
         """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
         fetched through the verified cache; returns ``dest_dir``."""
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         return attachments.pull_files(record.manifest, self._backend.blob_path, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
@@ -250,9 +255,10 @@ class Registry:
         config, its weights (``dtype`` casts floating tensors) and its attached files."""
         from .pretrained import write_pretrained
 
-        record = _checked(self._backend.resolve(parse(ref)))
-        return write_pretrained(record.manifest, self._backend.blob_path, dest_dir, dtype,
-                                f"{record.name}:v{record.version}")
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
+        return self._signed_directory(record, dtype, write_pretrained(
+            record.manifest, self._backend.blob_path, dest_dir, dtype,
+            f"{record.name}:v{record.version}"))
 
     def pull_state_dict(
         self,
@@ -262,7 +268,7 @@ class Registry:
         dtype: dev.DtypeRequest = "auto",
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         return self._pull_state_dict(record, device, dtype)
 
     def _pull_state_dict(self, record: VersionRecord, device: dev.DeviceRequest,
@@ -305,8 +311,8 @@ class Registry:
     # -- reads ----------------------------------------------------------------------------
 
     def show(self, ref: str | Ref) -> ModelVersion:
-        """The version ``ref`` names (the latest one for a bare name)."""
-        return _version(self._backend.resolve(parse(ref)))
+        """The version ``ref`` names (the latest one for a bare name), with its signatures."""
+        return self._with_signatures(_version(self._backend.resolve(parse(ref))))
 
     def list_models(self) -> list[str]:
         """Names of models with at least one version, sorted."""
@@ -398,38 +404,6 @@ def _version(record: VersionRecord, *, push: dict[str, int] | None = None) -> Mo
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                         list(record.aliases), metadata)
-
-
-# Manifest texts that passed mf.validate in this process: a record parsed from one of them
-# holds the same manifest, so only the checks against the record itself run again (0.1 ms of a
-# small pull). Bounded in count and characters; cleared when full.
-_VALID_TEXTS: dict[str, None] = {}
-_MAX_VALID_TEXTS = 32
-_MAX_VALID_CHARS = 16_000_000
-
-
-def _checked(record: VersionRecord) -> VersionRecord:
-    """``record`` once its manifest passed the schema and names the digest the catalog shows:
-    a manifest edited to list other files is refused before a byte is read."""
-    origin = f"{record.name}:v{record.version}"
-    text = record.manifest_text
-    if text is None or text not in _VALID_TEXTS:
-        mf.validate(record.manifest, origin=origin)
-        if text is not None:
-            if len(_VALID_TEXTS) >= _MAX_VALID_TEXTS \
-                    or sum(map(len, _VALID_TEXTS)) + len(text) > _MAX_VALID_CHARS:
-                _VALID_TEXTS.clear()
-            _VALID_TEXTS[text] = None
-    manifest = record.manifest
-    if manifest["name"] != record.name or manifest["version"] != record.version:
-        raise DigestMismatchError(f"the manifest of {origin} describes {manifest['name']}:v"
-                                  f"{manifest['version']}; it was not used")
-    if manifest["digest"] != record.digest:
-        raise DigestMismatchError(
-            f"{origin} is recorded with digest {record.digest} but its manifest lists files "
-            f"giving {manifest['digest']}: the catalog or the manifest was tampered with; it was "
-            "not used. Rebuild the catalog from the store (`registry db rebuild`) or push again")
-    return record
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

@@ -18,6 +18,10 @@
 | REGISTRY_PREFAULT_THREADS   | 2 (threads mapping a pull's pages)    |
 | REGISTRY_S3_PART_SIZE       | 16MiB (S3 ranged GET / upload part)   |
 | REGISTRY_S3_CONCURRENCY     | 8 (S3 parts in flight per object)     |
+| REGISTRY_VERIFY             | if-signed (off, if-signed, require)   |
+| REGISTRY_TRUSTED_KEYS       | unset (PEM public keys, ':'-separated)|
+| REGISTRY_TRUSTED_CERTS      | unset (PEM CA certificates, ':'-sep.) |
+| REGISTRY_REQUIRE_SIGNED     | false (server: commits must be signed)|
 
 Every environment variable the registry reads is read here, and only here.
 """
@@ -30,8 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal, cast
 
 from .errors import SettingsError
+
+VerifyMode = Literal["off", "if-signed", "require"]
+VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
 
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
@@ -76,6 +84,12 @@ class Settings:
     # Part size and parts in flight of one S3 transfer (uploads and ranged GETs alike).
     s3_part_size: int = DEFAULT_S3_PART_SIZE
     s3_concurrency: int = DEFAULT_S3_CONCURRENCY
+    # Signatures (registry/signing): what a pull demands, and whom it trusts.
+    verify: VerifyMode = "if-signed"
+    trusted_keys: tuple[Path, ...] = ()
+    trusted_certs: tuple[Path, ...] = ()
+    # Server: a commit must carry a signature by a trusted key or certificate.
+    require_signed: bool = False
 
     @property
     def auth_path(self) -> Path:
@@ -158,6 +172,12 @@ class Settings:
             s3_concurrency=_bounded_int(concurrency_raw, "REGISTRY_S3_CONCURRENCY",
                                         MAX_S3_CONCURRENCY)
             if concurrency_raw else DEFAULT_S3_CONCURRENCY,
+            verify=_verify_mode(env.get("REGISTRY_VERIFY")),
+            trusted_keys=_pem_files(env.get("REGISTRY_TRUSTED_KEYS"), "REGISTRY_TRUSTED_KEYS"),
+            trusted_certs=_pem_files(env.get("REGISTRY_TRUSTED_CERTS"),
+                                     "REGISTRY_TRUSTED_CERTS"),
+            require_signed=_bool(env.get("REGISTRY_REQUIRE_SIGNED"), "REGISTRY_REQUIRE_SIGNED",
+                                 False),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -191,6 +211,32 @@ def _prefixes(raw: str | None) -> tuple[str, ...]:
                 "use comma-separated prefixes such as 'torchvision.models,mypkg.models'"
             )
     return items
+
+
+def _verify_mode(raw: str | None) -> VerifyMode:
+    if raw is None or raw.strip() == "":
+        return "if-signed"
+    value = raw.strip().lower()
+    if value not in VERIFY_MODES:
+        raise SettingsError(f"REGISTRY_VERIFY={raw[:60]!r} is not one of {', '.join(VERIFY_MODES)}"
+                            "; use 'require' to refuse unsigned versions, 'off' to skip checks")
+    return cast(VerifyMode, value)
+
+
+def _pem_files(raw: str | None, variable: str) -> tuple[Path, ...]:
+    """Existing files named by a ``os.pathsep``-separated list (``:`` on POSIX)."""
+    if raw is None or raw.strip() == "":
+        return ()
+    out = []
+    for part in raw.split(os.pathsep):
+        if not part.strip():
+            continue
+        path = Path(part.strip()).expanduser()
+        if not path.is_file():
+            raise SettingsError(f"{variable} names {part.strip()[:200]!r}, which is not a file; "
+                                f"list PEM files separated by {os.pathsep!r}")
+        out.append(path.absolute())
+    return tuple(out)
 
 
 def _bool(raw: str | None, variable: str, default: bool) -> bool:

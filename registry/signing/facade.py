@@ -1,0 +1,97 @@
+"""The signing half of the Registry facade: ``sign``, ``verify`` and the hooks by which push,
+pull, show and save_pretrained take part (declared as a mixin so the facade stays one screen of
+calls). Every method is a thin call of :mod:`registry.signing.service` with the backend's
+signature store and the settings' policy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import devices as dev
+from ..checked import checked
+from ..manifest import ModelVersion
+from ..pretrained import planned_files
+from ..refs import Ref, parse
+from . import push, service
+from .records import Signature
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+    from ..catalog.records import VersionRecord
+    from ..settings import Settings
+
+PathLike = str | os.PathLike[str]
+
+
+class SignedVersions:
+    """Signatures of versions (OpenSSF Model Signing), mixed into :class:`Registry`."""
+
+    settings: Settings
+    _backend: Backend
+
+    def sign(self, ref: str | Ref, *, key: PathLike, certificate: PathLike | None = None,
+             chain: Sequence[PathLike] = ()) -> Signature:
+        """Sign version ``ref`` with an EC private key (PEM), or with the key and its
+        ``certificate`` plus the ``chain`` up to its CA: an OpenSSF Model Signing bundle over
+        every file of the version and its manifest, stored with it. A version may carry several
+        signatures (producer, reviewer). Keyless Sigstore signing needs the network to reach
+        Sigstore's CA and log, so it is not offered here."""
+        record = checked(self._backend.resolve(parse(ref)))
+        return service.sign(
+            self._backend.signatures, record.manifest, key=Path(key),
+            certificate=None if certificate is None else Path(certificate),
+            chain=[Path(c) for c in chain], pretrained=planned_files(record.manifest))
+
+    def verify(self, ref: str | Ref, *, public_keys: Sequence[PathLike] | None = None,
+               certificates: Sequence[PathLike] | None = None) -> list[Signature]:
+        """The signatures of ``ref`` that verify with ``public_keys`` (PEM) or through a chain
+        to ``certificates`` (CA PEM); by default REGISTRY_TRUSTED_KEYS / REGISTRY_TRUSTED_CERTS.
+        A signature whose key is trusted but which does not verify raises SignatureError. It
+        uses the digests the catalog and store already verified: no weight is read."""
+        record = checked(self._backend.resolve(parse(ref)))
+        keys = self.settings.trusted_keys if public_keys is None else public_keys
+        certs = self.settings.trusted_certs if certificates is None else certificates
+        good, _unknown = service.verify(
+            self._backend.signatures, record.manifest, public_keys=[Path(k) for k in keys],
+            certificates=[Path(c) for c in certs])
+        return good
+
+    # -- hooks of the facade's pipelines ----------------------------------------------------
+
+    def _verified(self, record: VersionRecord) -> VersionRecord:
+        """A checked record once the signature policy (REGISTRY_VERIFY) passed it: before any
+        byte of the version is loaded."""
+        service.enforce(self._backend.signatures, record.manifest, self.settings.verify,
+                        public_keys=self.settings.trusted_keys,
+                        certificates=self.settings.trusted_certs)
+        return record
+
+    def _signed_source(self, model: object, named: Mapping[str, Path],
+                       source: dict[str, Any]) -> dict[str, Path]:
+        """A pushed directory's ``model.sig``, checked and kept (registry/signing/push.py)."""
+        files, fact = push.check_source(model, named, self.settings)
+        if fact is not None:
+            source["signed_files"] = fact
+        return files
+
+    def _signed_push(self, mv: ModelVersion, sign_key: PathLike | None) -> ModelVersion:
+        if sign_key is not None:
+            mv.metadata["signatures"] = [self.sign(mv.ref, key=sign_key).to_dict()]
+        return mv
+
+    def _signed_directory(self, record: VersionRecord, dtype: dev.DtypeRequest,
+                          root: Path) -> Path:
+        """``model.sig`` for a directory written with the stored bytes (``dtype="auto"``)."""
+        if dev.parse_dtype(dtype) is None:
+            service.write_directory_signature(self._backend.signatures, record.manifest, root)
+        return root
+
+    def _with_signatures(self, mv: ModelVersion) -> ModelVersion:
+        """``metadata["signatures"]``: the version's signatures, as listed (not verified)."""
+        mv.metadata["signatures"] = [
+            Signature.from_record(r).to_dict()
+            for r in self._backend.signatures.listed(mv.name, mv.version)]
+        return mv
