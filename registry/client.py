@@ -185,8 +185,9 @@ class Registry(SignedVersions):
                     **({"attachments": attached} if attached else {}),
                 }
 
-            result = self._backend.push(target, claim, staged, manifest_for, tag_map,
-                                        alias_list)
+            with self._signing_commit(sign_key):
+                result = self._backend.push(target, claim, staged, manifest_for, tag_map,
+                                            alias_list)
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)

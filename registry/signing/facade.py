@@ -5,8 +5,9 @@ signature store and the settings' policy."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from ..pretrained import planned_files
 from ..refs import Ref, parse
 from . import push, service
 from .records import Signature
+from .remote import RemoteSignatures, wire
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -77,10 +79,25 @@ class SignedVersions:
             source["signed_files"] = fact
         return files
 
+    @contextlib.contextmanager
+    def _signing_commit(self, sign_key: PathLike | None) -> Iterator[None]:
+        """Over a server, a push with ``sign_key`` sends its signature with the commit (a
+        server may refuse unsigned commits); the embedded registry signs once committed."""
+        store = self._backend.signatures
+        if sign_key is None or not isinstance(store, RemoteSignatures):
+            yield
+            return
+        store.commit_signer = lambda manifest: wire(*service.make(
+            manifest, key=Path(sign_key), pretrained=planned_files(manifest)))
+        try:
+            yield
+        finally:
+            store.commit_signer = None
+
     def _signed_push(self, mv: ModelVersion, sign_key: PathLike | None) -> ModelVersion:
-        if sign_key is not None:
-            mv.metadata["signatures"] = [self.sign(mv.ref, key=sign_key).to_dict()]
-        return mv
+        if sign_key is not None and not isinstance(self._backend.signatures, RemoteSignatures):
+            self.sign(mv.ref, key=sign_key)
+        return self._with_signatures(mv) if sign_key is not None else mv
 
     def _signed_directory(self, record: VersionRecord, dtype: dev.DtypeRequest,
                           root: Path) -> Path:
