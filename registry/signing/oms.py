@@ -18,6 +18,7 @@ import base64
 import functools
 import hashlib
 import json
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +131,13 @@ def _pem_file(path: str | Path, what: str) -> Path:
         raise SignatureError(f"{what} {str(path)[:200]!r} is not a file; pass the path of a PEM "
                              "file")
     return p
+
+
+def read_bounded(path: Path) -> bytes:
+    """A signature file's bytes, reading at most one byte past the bundle bound (``facts``
+    then refuses an oversized one without it ever being read whole)."""
+    with open(path, "rb") as fh:
+        return fh.read(MAX_BUNDLE_BYTES + 1)
 
 
 def key_fingerprint(pem: bytes) -> str:
@@ -252,19 +260,30 @@ def _chain_failure(reason: str) -> bool:
 
 
 def _reason(exc: Exception) -> str:
+    """What did not match, in words: the reference package lists extra, missing and changed
+    files (its message prints raw digest objects, which we leave out)."""
     text = str(exc) or type(exc).__name__
-    if "Signature mismatch" in text:
-        text = text.replace("Signature mismatch: ", "files do not match: ")
     if type(exc).__name__ == "InvalidSignature":
-        text = "the signature bytes are not the key's signature of its payload"
-    return text[:400]
+        return "the signature bytes are not the key's signature of its payload"
+    if "Signature mismatch" not in text:
+        return text[:400]
+    parts = []
+    for pattern, what in ((r"Extra files found in model '[^']*': ([^\"'\]]+)",
+                           "files it does not cover: "),
+                          (r"Missing files in model '[^']*': ([^\"'\]]+)",
+                           "files it lists that are not there: "),
+                          (r"Hash mismatch for \\*'([^'\\]+)\\*'", "Hash mismatch for ")):
+        found = re.findall(pattern, text)
+        if found:
+            parts.append(what + ", ".join(found))
+    return "; ".join(parts)[:400] or text[:400]
 
 
 def verify_directory(directory: Path, signature: Path, *, public_keys: Sequence[Path] = (),
                      certificates: Sequence[Path] = ()) -> str | None:
     """Check a directory signed by ``model_signing sign`` (the reference package hashes its
     files): the trusted signer, None when no trusted key applies, else SignatureError."""
-    bundle = signature.read_bytes()[:MAX_BUNDLE_BYTES + 1]
+    bundle = read_bounded(signature)
     origin = str(directory)[:200]
     found = facts(bundle, origin)
     ms = _imports()

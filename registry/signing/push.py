@@ -35,7 +35,7 @@ def check_source(model: object, named: Mapping[str, Path], settings: Settings
             or not Path(model).is_dir():
         return dict(named), None
     directory = Path(model)
-    found = oms.facts(signature.read_bytes()[:oms.MAX_BUNDLE_BYTES + 1], str(directory)[:200])
+    found = oms.facts(oms.read_bounded(signature), str(directory)[:200])
     fact: dict[str, Any] = {"method": found.method, "signer": found.signer, "verified": False,
                             "file": PROVENANCE_NAME}
     if settings.verify != "off":
