@@ -73,13 +73,15 @@ def tracking_uri_for(settings: Settings) -> str:
     return settings.mlflow_uri
 
 
-def fingerprint(record: VersionRecord, tracking_uri: str, exports: list[str] | None = None
-                ) -> str:
+def fingerprint(record: VersionRecord, tracking_uri: str, exports: list[str] | None = None,
+                signatures: str = "") -> str:
     """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
     state: dict[str, Any] = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
                              "aliases": sorted(record.aliases), "format": 1}
     if exports:
         state["exports"] = exports
+    if signatures:
+        state["signatures"] = signatures
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
@@ -121,7 +123,8 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.removed.append(f"{name}:v{version}")
                 continue
             formats = export_formats(backend, name, version)
-            wanted = fingerprint(record, tracking_uri, formats)
+            signed = signature_tag(backend.signatures.listed(name, version))
+            wanted = fingerprint(record, tracking_uri, formats, signed)
             if synced == wanted and not full:
                 report.unchanged += 1
                 continue
@@ -129,7 +132,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.busy += 1
                 break
             with _released(catalog, name, version, claim, synced), _mapped(tracking_uri):
-                _mirror_version(client, record, source_uri(backend, record), formats)
+                _mirror_version(client, record, source_uri(backend, record), formats, signed)
             catalog.swap_mirror_state(name, version, claim, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
@@ -171,14 +174,22 @@ def export_formats(backend: LocalBackend, name: str, version: int) -> list[str]:
     return sorted({r["format"] for r in exports.list_exports(backend, name, version)})
 
 
+def signature_tag(listed: list[dict[str, Any]]) -> str:
+    """The ``registry.signatures`` tag: ``method signer`` of each signature, as listed (the
+    registry verifies them on pull; MLflow only shows them)."""
+    return ", ".join(f"{r['method']} {r['signer']}" for r in listed)[:4000]
+
+
 def _mirror_version(client: Any, record: VersionRecord, source: str,
-                    exports: list[str] | None = None) -> None:
+                    exports: list[str] | None = None, signatures: str = "") -> None:
     name = record.name
     _ensure_registered_model(client, name)
     existing = _find_version(client, name, record.version)
     tags = version_tags(record, source)
     if exports:
         tags["registry.exports"] = ",".join(exports)
+    if signatures:
+        tags["registry.signatures"] = signatures
     description = describe(record)
     if existing is None:
         existing = _create_aligned(client, name, record.version, source, tags, description)

@@ -7,6 +7,7 @@ A bundle is a blob (``blobs/sha256/<hex>``) and a catalog version file of role `
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,8 @@ class LocalSignatures:
                                  "signatures; no more can be added")
         self.store.put_bytes(records.store_key(name, version),
                              records.dumps(name, version, listed))
+        with contextlib.suppress(Exception):
+            self.catalog.set_mirror_state(name, version, None)  # the mirror tags signers
         return record
 
     def add_rows(self, name: str, version: int, files: list[VersionFile]) -> None:

@@ -207,3 +207,22 @@ def test_cli_push_sign_show_verify(home: Path, tmp_path: Path,
                      env={**env, "REGISTRY_VERIFY": "require",
                           "REGISTRY_TRUSTED_KEYS": str(stranger.public)})
     assert pulled.returncode == 13 and "signed only by" in pulled.stderr
+
+
+def test_mlflow_mirror_tags_the_signers(reg: registry.Registry, keys: tuple[KeyPair, KeyPair],
+                                        tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    from registry.mirror_mlflow import sync
+
+    producer, reviewer = keys
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg.push(trained_mlp(), "mlp", sign_key=producer.private)
+    assert sync(reg.backend, uri).mirrored == ["mlp:v1"]  # type: ignore[arg-type]
+    tags = MlflowClient(tracking_uri=uri).get_model_version("mlp", "1").tags
+    assert tags["registry.signatures"] == f"key {_fingerprint(producer)}"
+    reg.sign("mlp", key=reviewer.private)  # a new signature re-mirrors the version
+    assert sync(reg.backend, uri).mirrored == ["mlp:v1"]  # type: ignore[arg-type]
+    tags = MlflowClient(tracking_uri=uri).get_model_version("mlp", "1").tags
+    assert _fingerprint(reviewer) in tags["registry.signatures"]
