@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, model, peers, rows, shards
+from . import cuda, model, peers, rows, shards, signing
 from .measure import ROOT, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -29,6 +29,7 @@ GROUPS = [
     ((16,), peers.s3_peer),
     ((17,), peers.small_pull),
     ((18,), cuda.cuda_pull),
+    ((34, 35, 36), signing.signed_rows),
 ]
 
 

@@ -14,12 +14,17 @@ verifies with ``model_signing verify key DIR --signature DIR/model.sig``.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -111,10 +116,12 @@ def sign(subjects: Mapping[str, str], model_name: str, *, key: str | Path,
                 certificate_chain=[_pem_file(c, "certificate chain") for c in chain])
         else:
             config.use_elliptic_key_signer(private_key=key_path)
-        with tempfile.TemporaryDirectory(prefix="registry-sign-") as tmp:
-            out = Path(tmp) / SIGNATURE_NAME
-            config.sign(Path(tmp), out)
+        out = _scratch() / f"{uuid.uuid4().hex}.sig"
+        try:
+            config.sign(out.parent, out)  # the model path is never read (precomputed)
             return out.read_bytes()
+        finally:
+            out.unlink(missing_ok=True)
     except SignatureError:
         raise
     except Exception as exc:  # key loading and signing: ValueError, TypeError, cryptography's
@@ -214,6 +221,33 @@ def verify(bundle: bytes, subjects: Mapping[str, str], origin: str, *,
     when no trusted key or certificate applies to this bundle (it cannot be checked here), and
     raises SignatureError when it applies but the bundle does not verify."""
     found = facts(bundle, origin)
+    memo = (hashlib.sha256(bundle).hexdigest(),
+            hashlib.sha256(json.dumps(sorted(subjects.items())).encode()).hexdigest(),
+            tuple(hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in (*public_keys, *certificates)))
+    if memo in _VERIFIED:
+        return _VERIFIED[memo]
+    signer = _verify(bundle, found, subjects, origin, public_keys, certificates)
+    if signer is not None:
+        if len(_VERIFIED) >= 256:
+            _VERIFIED.clear()
+        _VERIFIED[memo] = signer
+    return signer
+
+
+# Bundles that verified in this process: (bundle sha256, subjects sha256, trusted files' sha256)
+# -> signer. Content-addressed on every side, so a hit is the same check with the same answer
+# (a pull of a signed version then pays for its signature once per process).
+_VERIFIED: dict[tuple[str, str, tuple[str, ...]], str] = {}
+
+
+def forget_verified() -> None:
+    """Empty the memo of verified bundles (benchmarks measure the uncached check)."""
+    _VERIFIED.clear()
+
+
+def _verify(bundle: bytes, found: BundleFacts, subjects: Mapping[str, str], origin: str,
+            public_keys: Sequence[Path], certificates: Sequence[Path]) -> str | None:
     ms = _imports()
     if found.method == "key":
         keys = [k for k in public_keys if key_fingerprint(k.read_bytes()) == found.signer]
@@ -227,18 +261,16 @@ def verify(bundle: bytes, subjects: Mapping[str, str], origin: str, *,
         configure = [functools.partial(_use_certificates, roots=list(certificates))]
     else:
         return None  # Sigstore keyless bundles need the network's trust root (not here)
-    with tempfile.TemporaryDirectory(prefix="registry-verify-") as tmp:
-        sig = Path(tmp) / SIGNATURE_NAME
-        sig.write_bytes(bundle)
-        failure = ""
-        for use in configure:
-            config = ms.verifying.Config().set_hashing_config(
-                _precomputed(origin, subjects))
-            try:
-                use(config).verify(Path(tmp), sig)
-                return found.signer
-            except Exception as exc:  # crypto, chain and manifest failures alike
-                failure = _reason(exc)
+    sig = _bundle_file(bundle)
+    failure = ""
+    for use in configure:
+        config = ms.verifying.Config().set_hashing_config(_precomputed(origin, subjects))
+        try:
+            # The model path is never read: the hashing config answers with the subjects.
+            use(config).verify(sig.parent, sig)
+            return found.signer
+        except Exception as exc:  # crypto, chain and manifest failures alike
+            failure = _reason(exc)
     if found.method == "certificate" and _chain_failure(failure):
         raise SignatureError(f"signature of {origin} by certificate {found.signer!r} does not "
                              f"verify: {failure}; its chain does not reach "
@@ -253,6 +285,29 @@ def _use_key(config: Any, key: Path) -> Any:
 
 def _use_certificates(config: Any, roots: list[Path]) -> Any:
     return config.use_certificate_verifier(certificate_chain=roots)
+
+
+_SCRATCH: list[Path] = []
+
+
+def _scratch() -> Path:
+    if not _SCRATCH:
+        folder = Path(tempfile.mkdtemp(prefix="registry-bundles-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _SCRATCH.append(folder)
+    return _SCRATCH[0]
+
+
+def _bundle_file(bundle: bytes) -> Path:
+    """A file holding ``bundle`` (the reference package reads signatures from files), named
+    by its digest in one private folder per process: a temporary folder per call cost ~6 ms of
+    mkdir/rmdir here, more than the verification itself."""
+    path = _scratch() / f"{hashlib.sha256(bundle).hexdigest()}.sig"
+    if not path.is_file():
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(bundle)
+        os.replace(tmp, path)
+    return path
 
 
 def _chain_failure(reason: str) -> bool:
