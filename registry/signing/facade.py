@@ -107,8 +107,9 @@ class SignedVersions:
         return root
 
     def _with_signatures(self, mv: ModelVersion) -> ModelVersion:
-        """``metadata["signatures"]``: the version's signatures, as listed (not verified)."""
-        mv.metadata["signatures"] = [
-            Signature.from_record(r).to_dict()
-            for r in self._backend.signatures.listed(mv.name, mv.version)]
+        """``metadata["signatures"]``: the version's signatures, as listed (not verified);
+        absent for an unsigned version, whose metadata stays its manifest and tags."""
+        listed = self._backend.signatures.listed(mv.name, mv.version)
+        if listed:
+            mv.metadata["signatures"] = [Signature.from_record(r).to_dict() for r in listed]
         return mv
