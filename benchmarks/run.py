@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, model, oci, peers, quantized, rows, shards
+from . import cuda, model, oci, peers, quantized, rows, shards, signing
 from .measure import ROOT, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -31,6 +31,7 @@ GROUPS = [
     ((18,), cuda.cuda_pull),
     ((19, 20, 21), oci.oci_rows),
     ((22, 23, 24), quantized.quantized_rows),
+    ((34, 35, 36), signing.signed_rows),
 ]
 
 

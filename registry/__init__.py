@@ -39,6 +39,7 @@ from .errors import (
     SchemaOutOfDateError,
     SchemeDeviceError,
     SettingsError,
+    SignatureError,
     StateDictMismatchError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -54,6 +55,7 @@ from .oci.results import OciPush
 from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
+from .signing import Signature
 
 # Loading the submodule `registry.gc` (for GcReport) bound its name here; `gc` is the verb.
 globals().pop("gc")
@@ -80,6 +82,8 @@ if typing.TYPE_CHECKING:
         set_alias,
         set_tags,
         show,
+        sign,
+        verify,
     )
     from .client import Registry
     from .exports import Artifact
@@ -92,7 +96,7 @@ _LAZY = {
         "default_registry", "delete_alias", "delete_version", "export", "gc", "import_oci",
         "list_adapters", "list_exports", "list_models", "list_versions", "pull", "pull_export",
         "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
-        "set_tags", "show")},
+        "set_tags", "show", "sign", "verify")},
     "Registry": ".client",
     "Artifact": ".exports",
 }
@@ -146,6 +150,8 @@ __all__ = [
     "SchemeDeviceError",
     "Settings",
     "SettingsError",
+    "Signature",
+    "SignatureError",
     "StateDictMismatchError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -175,4 +181,6 @@ __all__ = [
     "set_alias",
     "set_tags",
     "show",
+    "sign",
+    "verify",
 ]

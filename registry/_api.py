@@ -25,6 +25,7 @@ from .oci.results import OciPush
 from .placement import DeviceMap, NoSplit
 from .refs import Ref
 from .settings import Settings
+from .signing import Signature
 
 _defaults: dict[Settings, Registry] = {}
 _defaults_lock = threading.Lock()
@@ -47,14 +48,15 @@ def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
          keep_in_fp32: Iterable[str] = (),
          shard_size: int | str | None = None,
          files: Mapping[str, str | os.PathLike[str]] | None = None,
-         base: str | Ref | None = None) -> ModelVersion:
+         base: str | Ref | None = None,
+         sign_key: str | os.PathLike[str] | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
     the tags: ``push(model, {"dataset": "imagenet"})``; a PEFT model is stored as an adapter
-    over ``base``); see :meth:`Registry.push`."""
+    over ``base``; ``sign_key`` signs it); see :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                   files=files, base=base)
+                                   files=files, base=base, sign_key=sign_key)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
@@ -164,3 +166,16 @@ def import_oci(source: str, name: str | None = None, *, plain_http: bool = False
     """Import an OCI artifact as a new version; see :meth:`Registry.import_oci`."""
     return default_registry().import_oci(source, name, plain_http=plain_http, tags=tags,
                                          aliases=aliases)
+
+
+def sign(ref: str | Ref, *, key: str | os.PathLike[str],
+         certificate: str | os.PathLike[str] | None = None,
+         chain: Sequence[str | os.PathLike[str]] = ()) -> Signature:
+    """Sign version ``ref`` (OpenSSF Model Signing); see :meth:`Registry.sign`."""
+    return default_registry().sign(ref, key=key, certificate=certificate, chain=chain)
+
+
+def verify(ref: str | Ref, *, public_keys: Sequence[str | os.PathLike[str]] | None = None,
+           certificates: Sequence[str | os.PathLike[str]] | None = None) -> list[Signature]:
+    """The signatures of ``ref`` that verify with trusted keys; see :meth:`Registry.verify`."""
+    return default_registry().verify(ref, public_keys=public_keys, certificates=certificates)

@@ -37,6 +37,7 @@ from .gc import DEFAULT_GRACE, GcReport
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .settings import Settings
+from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
 
@@ -96,6 +97,8 @@ class Backend(Protocol):
 
     def register_export(self, name: str, version: int, record: dict[str, Any],
                         path: Path) -> dict[str, Any]: ...
+    @property
+    def signatures(self) -> SignatureStore: ...  # records and bundles (registry/signing)
 
     def close(self) -> None: ...
 
@@ -112,6 +115,7 @@ class LocalBackend:
         self.grace = grace
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
+        self.signatures = LocalSignatures(catalog, store)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -414,11 +418,9 @@ class LocalBackend:
     def rebuild(self) -> int:
         """Rebuild the catalog from the store alone; return the number of versions restored.
 
-        Every store object is checked first (``validate``): one the registry cannot have
-        written (a key such as ``manifests/../../evil/v1.json``, malformed JSON, a manifest
-        naming another model, a manifest failing its schema or whose digest its files do not
-        give) refuses the whole rebuild with a typed error that names it, and the catalog is
-        left as it was.
+        Every store object (manifests, export and signature lists) is checked first; one the
+        registry cannot have written (``manifests/../../evil/v1.json``, bad JSON, a manifest
+        failing its schema or digest) refuses the rebuild, naming it; the catalog is unchanged.
         """
         manifests: list[dict[str, Any]] = []
         retired: set[tuple[str, int]] = set()
@@ -440,9 +442,9 @@ class LocalBackend:
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
         from .exports import local as exports
-
-        found = exports.stored(self)
+        found, signed = exports.stored(self), self.signatures.stored()
         count = self.catalog.restore(manifests, sorted(retired), aliases)
         exports.restore(self, found)
+        self.signatures.restore(signed)
         return count
 

@@ -38,15 +38,16 @@ from .refs import (
     validate_tags,
 )
 from .settings import parse_size
+from .signing.facade import SignedVersions
 from .staging import Stagings
 from .statedict import ordered_state
-from .versions import Versions, model_version
+from .versions import model_version
 from .weights import DtypeFor, load_shard, write_shards
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
 
-class Registry(Versions):
+class Registry(SignedVersions):
     """A model registry: embedded (SQLite + local files) by default, configured by environment.
 
     ``Registry(uri=None, *, home=None, catalog=None, store=None, token=None)``: ``catalog`` and
@@ -71,6 +72,7 @@ class Registry(Versions):
         shard_size: int | str | None = None,
         files: Mapping[str, str | os.PathLike[str]] | None = None,
         base: str | Ref | None = None,
+        sign_key: str | os.PathLike[str] | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -87,6 +89,7 @@ class Registry(Versions):
         are uploaded, and ``metadata["push"]`` of the returned version says how many were.
         A PEFT model stores its LoRA adapter alone, over ``base`` (default: the stored version
         holding its base weights).
+        ``sign_key`` (an EC private key, PEM) signs the new version (see :meth:`sign`).
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
@@ -119,6 +122,7 @@ class Registry(Versions):
         weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
                             record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
+        named = self._signed_source(model, named, weights.source)
         if target is None:
             target = architectures.default_name(tag_map, architecture)
         # The latest version's shards found on this machine are compared, not written again.
@@ -156,12 +160,14 @@ class Registry(Versions):
                     **sections,
                 }
 
-            result = self._backend.push(target, claim, staged, manifest_for, tag_map,
-                                        alias_list)
+            with self._signing_commit(sign_key):
+                result = self._backend.push(target, claim, staged, manifest_for, tag_map,
+                                            alias_list)
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
-        return model_version(result.record, push=result.report())
+        return self._signed_push(model_version(result.record, push=result.report()),
+                                 sign_key)
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -190,12 +196,12 @@ class Registry(Versions):
             with opened(ref, self.settings) as (record, fetch):
                 return self._pull(_checked(record), device, dtype, model, device_map,
                                   max_memory, no_split, align_inputs, fetch)
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         if "adapter" not in record.manifest:
             return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
                               align_inputs)
         return adapters.pull(
-            record, lambda ref: _checked(self._backend.resolve(ref)),
+            record, lambda ref: self._verified(_checked(self._backend.resolve(ref))),
             lambda base: self._pull(base, device, dtype, model, device_map, max_memory, no_split,
                                     align_inputs),
             lambda target: self._read(record, lambda _k: target, adapters.as_stored, {}),
@@ -235,7 +241,7 @@ class Registry(Versions):
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
         """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
         fetched through the verified cache; returns ``dest_dir``."""
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         return attachments.pull_files(record.manifest, self._backend.blob_path, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
@@ -244,9 +250,10 @@ class Registry(Versions):
         config, its weights (``dtype`` casts floating tensors) and its attached files."""
         from .pretrained import write_pretrained
 
-        record = _checked(self._backend.resolve(parse(ref)))
-        return write_pretrained(record.manifest, self._backend.blob_path, dest_dir, dtype,
-                                f"{record.name}:v{record.version}")
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
+        return self._signed_directory(record, dtype, write_pretrained(
+            record.manifest, self._backend.blob_path, dest_dir, dtype,
+            f"{record.name}:v{record.version}"))
 
     def pull_state_dict(
         self,
@@ -256,7 +263,7 @@ class Registry(Versions):
         dtype: dev.DtypeRequest = "auto",
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
-        record = _checked(self._backend.resolve(parse(ref)))
+        record = self._verified(_checked(self._backend.resolve(parse(ref))))
         return self._pull_state_dict(record, device, dtype)
 
     def _pull_state_dict(self, record: VersionRecord, device: dev.DeviceRequest,

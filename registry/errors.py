@@ -21,6 +21,7 @@
     ├── ReferencedVersionError                 deleting a base that adapters still name
     ├── DtypeError (ValueError)                a dtype that is unknown or cannot run on the device
     ├── DigestMismatchError                    bytes whose sha256 is not the one recorded
+    ├── SignatureError                         a signature that does not verify, or none trusted
     ├── ExportError                            an export the exporter cannot do or that differs
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
@@ -200,6 +201,15 @@ class DigestMismatchError(RegistryError):
 
     code = "digest_mismatch"
     exit_code = 8
+
+
+class SignatureError(RegistryError):
+    """A signature of a version that does not verify (a forged or damaged bundle, files it does
+    not cover), or a version refused by the verification policy (unsigned, or signed only by
+    keys nobody trusts); nothing of it was loaded."""
+
+    code = "signature_invalid"
+    exit_code = 13
 
 
 class ExportError(RegistryError):

@@ -8,6 +8,8 @@ Every blob a version owns is content-addressed (``blobs/sha256/<hex>``) and has 
   the manifest's ``attachments`` with its relative path as ``name``.
 - ``export``: an ONNX, pt2 or TorchScript artifact derived from the version after it was
   committed; never in the immutable manifest, but in ``registry/exports`` records.
+- ``signature``: an OMS bundle signing the version's files (registry/signing); added after the
+  commit like an export, listed in ``manifests/<name>/v<N>.signatures.json``.
 
 Upload-if-missing, the catalog's per-version file rows (what gc keeps and what a server accepts
 uploads for), presigned transfers and the MLflow tags all work on :class:`VersionFile` lists
@@ -25,7 +27,7 @@ from typing import Any, Literal
 from .digests import version_digest
 from .errors import DigestMismatchError, ManifestError, RefError
 
-Role = Literal["weights", "file", "export"]
+Role = Literal["weights", "file", "export", "signature"]
 # Roles a push may list (exports are registered after the version exists).
 ROLES: tuple[str, ...] = ("weights", "file")
 

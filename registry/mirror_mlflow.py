@@ -82,12 +82,14 @@ def tracking_uri_for(settings: Settings) -> str:
 
 
 def fingerprint(record: VersionRecord, tracking_uri: str,
-                exports: list[dict[str, Any]] | None = None) -> str:
+                exports: list[dict[str, Any]] | None = None, signatures: str = "") -> str:
     """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
     state: dict[str, Any] = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
                              "aliases": sorted(record.aliases), "format": 2}
     if exports:
         state["exports"] = sorted(f"{e['format']}:{e['digest']}" for e in exports)
+    if signatures:
+        state["signatures"] = signatures
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
@@ -130,7 +132,8 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.removed.append(f"{name}:v{version}")
                 continue
             formats = export_records(backend, name, version)
-            wanted = fingerprint(record, tracking_uri, formats)
+            signed = signature_tag(backend.signatures.listed(name, version))
+            wanted = fingerprint(record, tracking_uri, formats, signed)
             if synced == wanted and not full:
                 report.unchanged += 1
                 continue
@@ -138,7 +141,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.busy += 1
                 break
             with _released(catalog, name, version, claim, synced), _mapped(tracking_uri):
-                _mirror_version(client, record, source_uri(backend, record), formats)
+                _mirror_version(client, record, *_view(backend, record, formats, signed))
             catalog.swap_mirror_state(name, version, claim, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
@@ -180,13 +183,33 @@ def export_records(backend: LocalBackend, name: str, version: int) -> list[dict[
     return list(exports.list_exports(backend, name, version))
 
 
-def _mirror_version(client: Any, record: VersionRecord, source: str,
-                    exports: list[dict[str, Any]] | None = None) -> None:
+def signature_tag(listed: list[dict[str, Any]]) -> str:
+    """The ``registry.signatures`` tag: ``method signer`` of each signature, as listed (the
+    registry verifies them on pull; MLflow only shows them)."""
+    return ", ".join(f"{r['method']} {r['signer']}" for r in listed)[:4000]
+
+
+def _view(backend: LocalBackend, record: VersionRecord,
+          exports: list[dict[str, Any]] | None = None,
+          signed: str | None = None) -> tuple[str, dict[str, str], str]:
+    """How MLflow shows ``record``: its source, tags and description (every sync, mirror and
+    repair compares against this one answer)."""
+    if exports is None:
+        exports = export_records(backend, record.name, record.version)
+    if signed is None:
+        signed = signature_tag(backend.signatures.listed(record.name, record.version))
+    source = source_uri(backend, record)
+    tags = version_tags(record, source, exports)
+    if signed:
+        tags["registry.signatures"] = signed
+    return source, tags, describe(record, exports)
+
+
+def _mirror_version(client: Any, record: VersionRecord, source: str, tags: dict[str, str],
+                    description: str) -> None:
     name = record.name
     _ensure_registered_model(client, name)
     existing = _find_version(client, name, record.version)
-    tags = version_tags(record, source, exports or ())
-    description = describe(record, exports or ())
     if existing is None:
         existing = _create_aligned(client, name, record.version, source, tags, description)
         if existing is None:
@@ -304,10 +327,8 @@ def _repair(client: Any, backend: LocalBackend, name: str,
         return {f"{name}:v{v}": ["restored"] for v in lost}
     repaired: dict[str, list[str]] = {}
     for version, record in sorted(records.items()):
-        exports = export_records(backend, name, version)
-        if changed := _put_back(client, shown[version][0],
-                                version_tags(record, source_uri(backend, record), exports),
-                                describe(record, exports)):
+        _source, tags, description = _view(backend, record)
+        if changed := _put_back(client, shown[version][0], tags, description):
             repaired[f"{name}:v{version}"] = changed
     model = client.get_registered_model(name)
     wanted = {alias: v for v, r in records.items() for alias in r.aliases}
@@ -340,9 +361,8 @@ def _recreate_model(client: Any, backend: LocalBackend, name: str,
     except MlflowException as exc:
         if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
             raise
-    for version, record in sorted(records.items()):
-        _mirror_version(client, record, source_uri(backend, record),
-                        export_records(backend, name, version))
+    for _version, record in sorted(records.items()):
+        _mirror_version(client, record, *_view(backend, record))
 
 
 def _ensure_registered_model(client: Any, name: str) -> None:

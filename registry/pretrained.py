@@ -18,6 +18,7 @@ into a folder that already holds ``model*.safetensors`` files replaces them, so 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,7 +32,8 @@ import torch
 from . import adapters, attachments, quantized, safewrite
 from . import devices as dev
 from .errors import ArchitectureUnknownError, QuantizationError
-from .files import VersionFile, weight_files
+from .files import VersionFile, attached_files, weight_files
+from .signing.oms import IGNORED_PATHS
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -94,7 +96,19 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
                      file_metadata)
     if quant_config is not None:
         config["quantization_config"] = quant_config
+    for name, data in _generated(manifest, config, dtype_of).items():
+        attachments.write_bytes(root / name, data)
+    return root
 
+
+def _generated(manifest: Mapping[str, Any], config: dict[str, Any],
+               dtype_of: Callable[[str, torch.dtype], torch.dtype]) -> dict[str, bytes]:
+    """The files written from what the version recorded: its config, the shard index, its
+    generation config."""
+    arch = manifest["architecture"]
+    specs = manifest["tensors"]
+    shards = weight_files(manifest)
+    out: dict[str, bytes] = {}
     recorded_class = str(arch.get("class", ""))
     if not config.get("architectures") and recorded_class.startswith("transformers:"):
         # As transformers' save_pretrained does for a model built from a bare config.
@@ -111,11 +125,33 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
         total = sum(_numel(specs[k]["shape"]) * written[k].itemsize for k in specs)
         index = {"metadata": {"total_size": total},
                  "weight_map": {k: s.name for s in shards for k in sorted(s.tensors)}}
-        attachments.write_bytes(root / INDEX_NAME, _json(index))
-    attachments.write_bytes(root / CONFIG_NAME, _json(config))
+        out[INDEX_NAME] = _json(index)
+    out[CONFIG_NAME] = _json(config)
+    generation = arch.get("generation_config")
     if isinstance(generation, dict):
-        attachments.write_bytes(root / GENERATION_CONFIG_NAME, _json(generation))
-    return root
+        out[GENERATION_CONFIG_NAME] = _json(generation)
+    return out
+
+
+def planned_files(manifest: Mapping[str, Any]) -> dict[str, str] | None:
+    """name -> sha256 hex of every file :func:`write_pretrained` writes with ``dtype="auto"``
+    (stored shards, generated configs, attached files), computed from the manifest alone; None
+    for a version that records no transformers config. A signature over these is the
+    ``model.sig`` of that directory."""
+    arch = manifest.get("architecture") or {}
+    if arch.get("kind") != "transformers" or not isinstance(arch.get("config"), dict):
+        return None
+    if "quantization" in manifest or "adapter" in manifest:
+        return None  # their directories are rewritten (torchao metadata) or PEFT's own layout
+    shards = weight_files(manifest)
+    out = {f.name: f.digest[7:] for f in shards}
+    generated = _generated(manifest, dict(arch["config"]), lambda _k, stored: stored)
+    out.update({name: hashlib.sha256(data).hexdigest() for name, data in generated.items()})
+    for f in attached_files(manifest):
+        if f.name not in out and not attachments.is_weights_name(f.name) \
+                and f.name not in IGNORED_PATHS:
+            out[f.name] = f.digest[7:]
+    return out
 
 
 def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,

@@ -37,6 +37,7 @@ from .files import StagedFile
 from .gc import GcReport
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref, validate_name
+from .signing.remote import RemoteSignatures
 from .unchanged import KnownShard, known_shards
 from .validate import (
     MAX_PAGE,
@@ -74,6 +75,7 @@ class RemoteBackend:
         self._timeout = timeout
         self._transport = transport
         self._http: httpx.Client | None = None
+        self.signatures = RemoteSignatures(self._call, self.blob_path)
 
     def __repr__(self) -> str:  # never show the token
         return f"RemoteBackend({self.url!r})"
@@ -148,8 +150,8 @@ class RemoteBackend:
                          uploads, workers=UPLOAD_CONCURRENCY)
             record = record_from_wire(self._call(
                 "POST", f"/models/{_seg(name)}/pushes/{number}/commit",
-                json={"manifest": manifest_for(number), "tags": tags,
-                      "aliases": list(aliases)}))
+                json={"manifest": (manifest := manifest_for(number)), "tags": tags,
+                      "aliases": list(aliases), **self.signatures.commit_fields(manifest)}))
         except BaseException:
             with contextlib.suppress(Exception):
                 self._call("DELETE", f"/models/{_seg(name)}/pushes/{number}")

@@ -21,6 +21,10 @@
 | REGISTRY_OCI_AUTH           | unset: ~/.docker/config.json, else none|
 | REGISTRY_OCI_CA_BUNDLE      | unset: the system's CAs               |
 | DOCKER_CONFIG               | ~/.docker (its config.json: OCI auth) |
+| REGISTRY_VERIFY             | if-signed (off, if-signed, require)   |
+| REGISTRY_TRUSTED_KEYS       | unset (PEM public keys, ':'-separated)|
+| REGISTRY_TRUSTED_CERTS      | unset (PEM CA certificates, ':'-sep.) |
+| REGISTRY_REQUIRE_SIGNED     | false (server: commits must be signed)|
 
 ``REGISTRY_OCI_AUTH`` holds OCI registry credentials as a JSON object keyed by ``HOST[:PORT]``,
 each entry either ``{"username": U, "password": P}``, ``{"auth": base64("U:P")}`` (the entry of
@@ -38,8 +42,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal, cast
 
 from .errors import SettingsError
+
+VerifyMode = Literal["off", "if-signed", "require"]
+VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
 
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
@@ -99,6 +107,12 @@ class Settings:
     oci_ca_bundle: Path | None = None
     # The docker config file read for OCI credentials when REGISTRY_OCI_AUTH is unset.
     docker_config: Path | None = None
+    # Signatures (registry/signing): what a pull demands, and whom it trusts.
+    verify: VerifyMode = "if-signed"
+    trusted_keys: tuple[Path, ...] = ()
+    trusted_certs: tuple[Path, ...] = ()
+    # Server: a commit must carry a signature by a trusted key or certificate.
+    require_signed: bool = False
 
     @property
     def auth_path(self) -> Path:
@@ -188,6 +202,12 @@ class Settings:
             oci_ca_bundle=_ca_bundle(ca_raw) if ca_raw else None,
             docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser()
             / "config.json",
+            verify=_verify_mode(env.get("REGISTRY_VERIFY")),
+            trusted_keys=_pem_files(env.get("REGISTRY_TRUSTED_KEYS"), "REGISTRY_TRUSTED_KEYS"),
+            trusted_certs=_pem_files(env.get("REGISTRY_TRUSTED_CERTS"),
+                                     "REGISTRY_TRUSTED_CERTS"),
+            require_signed=_bool(env.get("REGISTRY_REQUIRE_SIGNED"), "REGISTRY_REQUIRE_SIGNED",
+                                 False),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -221,6 +241,32 @@ def _prefixes(raw: str | None) -> tuple[str, ...]:
                 "use comma-separated prefixes such as 'torchvision.models,mypkg.models'"
             )
     return items
+
+
+def _verify_mode(raw: str | None) -> VerifyMode:
+    if raw is None or raw.strip() == "":
+        return "if-signed"
+    value = raw.strip().lower()
+    if value not in VERIFY_MODES:
+        raise SettingsError(f"REGISTRY_VERIFY={raw[:60]!r} is not one of {', '.join(VERIFY_MODES)}"
+                            "; use 'require' to refuse unsigned versions, 'off' to skip checks")
+    return cast(VerifyMode, value)
+
+
+def _pem_files(raw: str | None, variable: str) -> tuple[Path, ...]:
+    """Existing files named by a ``os.pathsep``-separated list (``:`` on POSIX)."""
+    if raw is None or raw.strip() == "":
+        return ()
+    out = []
+    for part in raw.split(os.pathsep):
+        if not part.strip():
+            continue
+        path = Path(part.strip()).expanduser()
+        if not path.is_file():
+            raise SettingsError(f"{variable} names {part.strip()[:200]!r}, which is not a file; "
+                                f"list PEM files separated by {os.pathsep!r}")
+        out.append(path.absolute())
+    return tuple(out)
 
 
 def _bool(raw: str | None, variable: str, default: bool) -> bool:

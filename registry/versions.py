@@ -20,6 +20,7 @@ from .gc import GcReport
 from .manifest import ModelVersion
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
 from .settings import Settings
+from .signing.records import Signature
 from .store import ObjectStore
 
 if TYPE_CHECKING:
@@ -72,8 +73,16 @@ class Versions:
     # -- reads ----------------------------------------------------------------------------
 
     def show(self, ref: str | Ref) -> ModelVersion:
-        """The version ``ref`` names (the latest one for a bare name)."""
-        return model_version(self._backend.resolve(parse(ref)))
+        """The version ``ref`` names (the latest one for a bare name), with its signatures."""
+        return self._with_signatures(model_version(self._backend.resolve(parse(ref))))
+
+    def _with_signatures(self, mv: ModelVersion) -> ModelVersion:
+        """``metadata["signatures"]``: the version's signatures, as listed (not verified);
+        absent for an unsigned version, whose metadata stays its manifest and tags."""
+        listed = self._backend.signatures.listed(mv.name, mv.version)
+        if listed:
+            mv.metadata["signatures"] = [Signature.from_record(r).to_dict() for r in listed]
+        return mv
 
     def list_models(self) -> list[str]:
         """Names of models with at least one version, sorted."""

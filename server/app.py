@@ -62,6 +62,7 @@ from registry.wire import API, record_to_wire, status_for
 from .auth import AuthPolicy, Scope
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
 from .exports import add_export_routes
+from .signatures import add_signature_routes
 
 log = logging.getLogger("registry.server")
 
@@ -92,6 +93,8 @@ class PushCommit(_Body):
     manifest: dict[str, Any]
     tags: dict[str, str] = Field(default_factory=dict)
     aliases: list[str] = Field(default_factory=list)
+    signature: dict[str, Any] | None = Field(default=None, description="A signature of the "
+                                             "version (server/signatures.py).")
 
 
 class AliasTarget(_Body):
@@ -164,6 +167,8 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     def changed() -> None:
         if mirror is not None:
             mirror.poke()
+
+    signing = add_signature_routes(app, local, settings, read, write, changed)
 
     @app.exception_handler(RegistryError)
     async def registry_error(_request: Request, exc: RegistryError) -> JSONResponse:
@@ -257,9 +262,11 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         aliases = validate_aliases(body.aliases)
         reserved = local.reservation(name, number)
         manifest = _checked_manifest(body.manifest, name, number, reserved, tags)
+        signed = signing.admit(body.signature, manifest)  # refused before it is visible
         # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
         verify_blobs(local.store, reserved.files, local.staging_dir())
         record = local.commit_push(name, number, manifest, tags, aliases)
+        signing.store(name, number, signed)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()
         return record_to_wire(record)

@@ -31,11 +31,13 @@ from ._context import (
 @click.option("--shard-size", help="Target shard size, e.g. 512MiB (default REGISTRY_SHARD_SIZE).")
 @click.option("--file", "files", type=KeyValue(), multiple=True,
               help="Attach a file as NAME=PATH (e.g. tokenizer.json=./tok/tokenizer.json).")
+@click.option("--sign-key", type=click.Path(exists=True, dir_okay=False),
+              help="Sign the new version with this EC private key (PEM).")
 @click.pass_context
 def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], ...],
          aliases: tuple[str, ...], factory: str | None, factory_kwargs: dict[str, Any] | None,
          precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None,
-         files: tuple[tuple[str, str], ...]) -> None:
+         files: tuple[tuple[str, str], ...], sign_key: str | None) -> None:
     """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
     version of NAME (or NAME:vN to claim N). The other files of a directory (config, tokenizer,
     model card) are attached to the version, and a transformers config.json is recorded."""
@@ -44,8 +46,8 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
     mv = open_registry(ctx).push(path, name, tags=dict(tags), aliases=aliases, factory=factory,
                                  factory_kwargs=factory_kwargs, precision=precision,
                                  keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                 files=dict(files) or None)
-    click.echo(f"pushed {mv.ref} {mv.digest}")
+                                 files=dict(files) or None, sign_key=sign_key)
+    click.echo(f"pushed {mv.ref} {mv.digest}" + (" (signed)" if sign_key else ""))
     click.echo(push_summary(mv.metadata["push"]))
 
 
@@ -155,6 +157,10 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
                                       if exports else {})})
     else:
         click.echo(version_table(mv))
+        from .signing import signatures_table
+
+        if mv.metadata.get("signatures"):
+            click.echo(signatures_table(mv.metadata["signatures"]))
         if exports:
             from .exports import exports_table
 

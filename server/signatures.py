@@ -1,0 +1,109 @@
+"""Signature routes, and the server's signing policy.
+
+``GET /models/{name}/versions/{n}/signatures`` lists a version's signature records; ``POST`` on
+the same path adds one (``{"record": {...}, "bundles": {digest: base64}}``); a push that signs
+sends the same object as its commit's ``signature``. With REGISTRY_REQUIRE_SIGNED the server
+demands that signature on every commit and checks it with its own REGISTRY_TRUSTED_KEYS /
+REGISTRY_TRUSTED_CERTS against exactly the files and manifest being committed, before the
+version becomes visible: a write token alone cannot publish an unsigned version. Bundles are
+bounded, checked against their digests and never executed; every failure is a typed 4xx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from registry.backends import LocalBackend
+from registry.errors import SignatureError
+from registry.record_check import checked
+from registry.refs import Ref, validate_name, validate_version
+from registry.settings import Settings
+from registry.signing import oms, records
+from registry.signing.remote import SIGNATURES_ROUTE, from_wire
+from registry.wire import API
+
+
+class SignatureBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    record: dict[str, Any]
+    bundles: dict[str, str] = Field(max_length=2)
+
+
+class CommitSignatures:
+    """The commit route's half: check a commit's signature before the version is visible,
+    store it once it is."""
+
+    def __init__(self, local: LocalBackend, settings: Settings) -> None:
+        self.local = local
+        self.settings = settings
+
+    def admit(self, body: Mapping[str, Any] | None, manifest: Mapping[str, Any]
+              ) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+        origin = f"{manifest['name']}:v{manifest['version']}"
+        if body is None:
+            if self.settings.require_signed:
+                raise SignatureError(
+                    f"this server requires signed versions (REGISTRY_REQUIRE_SIGNED): the commit "
+                    f"of {origin} carries no signature; push with sign_key= / --sign-key")
+            return None
+        record, bundles = from_wire(body, f"signature of {origin}")
+        return self.check(record, bundles, manifest), bundles
+
+    def check(self, record: dict[str, Any], bundles: Mapping[str, bytes],
+              manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """``record`` with its signer as the bundle itself names it; under the policy, only if
+        the bundle verifies with a key or certificate this server trusts over ``manifest``."""
+        origin = f"{manifest['name']}:v{manifest['version']}"
+        bundle = bundles.get(record["digest"])
+        if bundle is None:
+            raise SignatureError(f"the signature of {origin} lists bundle {record['digest']} "
+                                 "but does not carry it")
+        facts = oms.facts(bundle, origin)
+        record = {**record, "method": facts.method, "signer": facts.signer}
+        if self.settings.require_signed:
+            signer = oms.verify(bundle, records.version_subjects(manifest), origin,
+                                public_keys=self.settings.trusted_keys,
+                                certificates=self.settings.trusted_certs)
+            if signer is None:
+                raise SignatureError(
+                    f"the signature of {origin} is by {facts.method} {facts.signer}, which this "
+                    "server does not trust (REGISTRY_TRUSTED_KEYS / REGISTRY_TRUSTED_CERTS)")
+            record["signer"] = signer
+        return record
+
+    def store(self, name: str, version: int,
+              admitted: tuple[dict[str, Any], dict[str, bytes]] | None) -> None:
+        if admitted is not None:
+            self.local.signatures.add(name, version, *admitted)
+
+
+def add_signature_routes(app: FastAPI, local: LocalBackend, settings: Settings, read: Any,
+                         write: Any, changed: Callable[[], None]) -> CommitSignatures:
+    path = API + SIGNATURES_ROUTE
+    policy = CommitSignatures(local, settings)
+
+    @app.get(path, tags=["signatures"])
+    def list_signatures(name: str, version: str, _caller: str = read) -> dict[str, Any]:
+        """The signature records of a version (method, signer, time, bundle digests)."""
+        name, number = validate_name(name), validate_version(version)
+        local.resolve(Ref(name, version=number))  # NotFoundError for an unknown version
+        return {"signatures": local.signatures.listed(name, number)}
+
+    @app.post(path, tags=["signatures"])
+    def add_signature(name: str, version: str, body: SignatureBody,
+                      _caller: str = write) -> dict[str, Any]:
+        """Store a signature of an existing version (bundles inline, base64)."""
+        name, number = validate_name(name), validate_version(version)
+        manifest = checked(local.resolve(Ref(name, version=number))).manifest
+        record, bundles = from_wire(body.model_dump(), f"signature of {name}:v{number}")
+        kept = local.signatures.add(name, number, policy.check(record, bundles, manifest),
+                                    bundles)
+        changed()
+        return {"signature": kept}
+
+    return policy

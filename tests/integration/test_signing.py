@@ -1,0 +1,228 @@
+"""Signed versions (issue 34): OMS bundles made on push or later, listed, verified with trusted
+keys or a CA, enforced on pull by REGISTRY_VERIFY, kept by gc and restored by `db rebuild`.
+Keys and certificates are generated in the tests (tests/keys.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import registry
+from registry.errors import SettingsError, SignatureError
+from registry.settings import Settings
+from registry.signing import records
+from tests.helpers import clean_env, run_cli, trained_mlp
+from tests.keys import KeyPair, cert_chain, ec_key_pair
+
+pytest.importorskip("model_signing")
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[KeyPair, KeyPair]:
+    return ec_key_pair(tmp_path / "keys", "producer"), ec_key_pair(tmp_path / "keys", "reviewer")
+
+
+def _fingerprint(pair: KeyPair) -> str:
+    from registry.signing.oms import key_fingerprint
+
+    return key_fingerprint(pair.public.read_bytes())
+
+
+def _store_file(home: Path, name: str, version: int) -> Path:
+    return home / "objects" / records.store_key(name, version)
+
+
+def test_push_signs_and_show_lists_signer_method_and_time(reg: registry.Registry,
+                                                         keys: tuple[KeyPair, KeyPair]) -> None:
+    producer, _ = keys
+    mv = reg.push(trained_mlp(), "mlp", sign_key=producer.private)
+    shown = reg.show(mv.ref).metadata["signatures"]
+    assert len(shown) == 1
+    assert shown[0]["method"] == "key"
+    assert shown[0]["signer"] == _fingerprint(producer)
+    assert shown[0]["created_at"].startswith("20")
+    # The bundle is a version file of role "signature", stored content-addressed.
+    digest = shown[0]["digest"]
+    assert (reg.settings.home / "objects" / "blobs" / "sha256" / digest[7:]).is_file()
+    assert reg.verify(mv.ref, public_keys=[producer.public])[0].verified
+
+
+def test_several_signatures_each_verify_with_their_own_key(
+        reg: registry.Registry, keys: tuple[KeyPair, KeyPair]) -> None:
+    producer, reviewer = keys
+    reg.push(trained_mlp(), "mlp", sign_key=producer.private)
+    reg.sign("mlp:v1", key=reviewer.private)
+    assert len(reg.show("mlp").metadata["signatures"]) == 2
+    both = reg.verify("mlp", public_keys=[producer.public, reviewer.public])
+    assert {s.signer for s in both} == {_fingerprint(producer), _fingerprint(reviewer)}
+    only = reg.verify("mlp", public_keys=[reviewer.public])
+    assert [s.signer for s in only] == [_fingerprint(reviewer)]
+    stranger = ec_key_pair(reg.settings.home.parent / "keys", "stranger")
+    assert reg.verify("mlp", public_keys=[stranger.public]) == []
+
+
+def test_signature_survives_tag_changes(reg: registry.Registry,
+                                        keys: tuple[KeyPair, KeyPair]) -> None:
+    producer, _ = keys
+    reg.push(trained_mlp(), "mlp", sign_key=producer.private, tags={"stage": "dev"})
+    reg.set_tags("mlp:v1", {"stage": "prod"})
+    assert len(reg.verify("mlp:v1", public_keys=[producer.public])) == 1
+
+
+def test_signature_covers_every_file_and_the_manifest(reg: registry.Registry,
+                                                      keys: tuple[KeyPair, KeyPair],
+                                                      tmp_path: Path) -> None:
+    producer, _ = keys
+    card = tmp_path / "README.md"
+    card.write_text("a card")
+    mv = reg.push(trained_mlp(), "mlp", sign_key=producer.private, files={"README.md": card},
+                  shard_size=600)
+    subjects = records.version_subjects(reg.show(mv.ref).metadata)
+    shards = [n for n in subjects if n.endswith(".safetensors")]
+    assert len(shards) >= 2
+    assert set(subjects) == {*shards, "README.md", records.MANIFEST_SUBJECT}
+
+
+def test_require_refuses_unsigned_and_untrusted_before_any_tensor_is_loaded(
+        reg: registry.Registry, keys: tuple[KeyPair, KeyPair],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    producer, reviewer = keys
+    reg.push(trained_mlp(0), "plain")
+    reg.push(trained_mlp(0), "signed", sign_key=producer.private)
+    target = trained_mlp(1)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    monkeypatch.setenv("REGISTRY_VERIFY", "require")
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(reviewer.public))
+    strict = registry.Registry()
+    with pytest.raises(SignatureError, match="plain:v1 is not signed"):
+        strict.pull("plain", model=target, device="cpu")
+    with pytest.raises(SignatureError, match=f"signed only by {_fingerprint(producer)}"):
+        strict.pull("signed", model=target, device="cpu")
+    with pytest.raises(SignatureError):
+        strict.pull_state_dict("signed", device="cpu")
+    for k, v in target.state_dict().items():  # nothing reached the module
+        assert torch.equal(v, before[k])
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", f"{reviewer.public}:{producer.public}")
+    loaded = registry.Registry().pull("signed", model=trained_mlp(1), device="cpu")
+    assert torch.equal(loaded.fc1.weight, trained_mlp(0).fc1.weight)
+
+
+def test_a_trusted_signature_that_does_not_verify_is_an_error_in_every_mode_but_off(
+        reg: registry.Registry, keys: tuple[KeyPair, KeyPair], home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    producer, _ = keys
+    reg.push(trained_mlp(0), "mlp", sign_key=producer.private)
+    reg.push(trained_mlp(1), "mlp", sign_key=producer.private)
+    # v2's record made to point at v1's bundle: a signature copied from another version.
+    v1 = json.loads(_store_file(home, "mlp", 1).read_text())["signatures"]
+    listed = json.loads(_store_file(home, "mlp", 2).read_text())
+    listed["signatures"] = v1
+    _store_file(home, "mlp", 2).write_text(json.dumps(listed))
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(producer.public))
+    for mode in ("if-signed", "require"):
+        monkeypatch.setenv("REGISTRY_VERIFY", mode)
+        with pytest.raises(SignatureError, match=r"mlp:v2 by key .* does not verify.*"
+                                                 r"Hash mismatch"):
+            registry.Registry().pull("mlp:v2", device="cpu", model=trained_mlp(3))
+    monkeypatch.setenv("REGISTRY_VERIFY", "off")
+    registry.Registry().pull("mlp:v2", device="cpu", model=trained_mlp(3))
+    monkeypatch.setenv("REGISTRY_VERIFY", "if-signed")
+    registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
+
+
+def test_certificate_signing_verifies_to_the_trusted_root_only(
+        reg: registry.Registry, tmp_path: Path) -> None:
+    chain = cert_chain(tmp_path / "pki", "corp", identity="release@corp.example")
+    other = cert_chain(tmp_path / "pki", "other")
+    reg.push(trained_mlp(), "mlp")
+    signed = reg.sign("mlp", key=chain.key, certificate=chain.leaf, chain=[chain.root])
+    assert (signed.method, signed.signer) == ("certificate", "release@corp.example")
+    assert [s.signer for s in reg.verify("mlp", certificates=[chain.root])] == \
+        ["release@corp.example"]
+    with pytest.raises(SignatureError, match="does not reach REGISTRY_TRUSTED_CERTS"):
+        reg.verify("mlp", certificates=[other.root])
+    with pytest.raises(SignatureError, match="needs its chain"):
+        reg.sign("mlp", key=chain.key, certificate=chain.leaf)
+
+
+def test_rebuild_restores_signatures_and_gc_keeps_their_bundles(
+        reg: registry.Registry, keys: tuple[KeyPair, KeyPair], home: Path) -> None:
+    producer, reviewer = keys
+    reg.push(trained_mlp(), "mlp", sign_key=producer.private)
+    reg.sign("mlp", key=reviewer.private)
+    reg.gc()
+    assert len(reg.verify("mlp", public_keys=[producer.public, reviewer.public])) == 2
+    reg.close()
+    (home / "registry.db").unlink()
+    rebuilt = registry.Registry(home=home)
+    assert rebuilt.backend.rebuild() == 1
+    rebuilt.gc()
+    assert len(rebuilt.verify("mlp", public_keys=[producer.public, reviewer.public])) == 2
+    # A deleted version's signatures are not restored (its number is never reused).
+    rebuilt.delete_version("mlp:v1")
+    assert rebuilt.backend.rebuild() == 0
+
+
+def test_settings_parse_strictly(tmp_path: Path, keys: tuple[KeyPair, KeyPair]) -> None:
+    assert Settings.from_env({}).verify == "if-signed"
+    assert Settings.from_env({"REGISTRY_VERIFY": "Require"}).verify == "require"
+    with pytest.raises(SettingsError, match="REGISTRY_VERIFY='sometimes'"):
+        Settings.from_env({"REGISTRY_VERIFY": "sometimes"})
+    with pytest.raises(SettingsError, match="REGISTRY_TRUSTED_KEYS names"):
+        Settings.from_env({"REGISTRY_TRUSTED_KEYS": str(tmp_path / "missing.pem")})
+    both = f"{keys[0].public}:{keys[1].public}"
+    assert len(Settings.from_env({"REGISTRY_TRUSTED_KEYS": both}).trusted_keys) == 2
+
+
+def test_sign_with_a_key_that_is_not_an_ec_key_is_a_typed_error(
+        reg: registry.Registry, tmp_path: Path) -> None:
+    reg.push(trained_mlp(), "mlp")
+    bad = tmp_path / "bad.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(SignatureError, match="cannot sign with"):
+        reg.sign("mlp", key=bad)
+
+
+def test_cli_push_sign_show_verify(home: Path, tmp_path: Path,
+                                   keys: tuple[KeyPair, KeyPair]) -> None:
+    producer, reviewer = keys
+    ckpt = tmp_path / "m.pt"
+    torch.save(trained_mlp().state_dict(), ckpt)
+    env = clean_env(home)
+    out = run_cli("push", "mlp", str(ckpt), "--sign-key", str(producer.private), env=env,
+                  check=True)
+    assert "(signed)" in out.stdout
+    run_cli("sign", "mlp:v1", "--key", str(reviewer.private), env=env, check=True)
+    shown = run_cli("show", "mlp", env=env, check=True).stdout
+    assert _fingerprint(producer) in shown and _fingerprint(reviewer) in shown
+    ok = run_cli("verify", "mlp", "--key", str(producer.public), env=env, check=True)
+    assert f"verified mlp:v1: key {_fingerprint(producer)}" in ok.stdout
+    stranger = ec_key_pair(tmp_path / "keys", "stranger")
+    refused = run_cli("verify", "mlp", "--key", str(stranger.public), env=env)
+    assert refused.returncode == 13 and "no signature of mlp:v1 verifies" in refused.stderr
+    pulled = run_cli("pull", "mlp", "-o", str(tmp_path / "o.safetensors"),
+                     env={**env, "REGISTRY_VERIFY": "require",
+                          "REGISTRY_TRUSTED_KEYS": str(stranger.public)})
+    assert pulled.returncode == 13 and "signed only by" in pulled.stderr
+
+
+def test_mlflow_mirror_tags_the_signers(reg: registry.Registry, keys: tuple[KeyPair, KeyPair],
+                                        tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    from registry.mirror_mlflow import sync
+
+    producer, reviewer = keys
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg.push(trained_mlp(), "mlp", sign_key=producer.private)
+    assert sync(reg.backend, uri).mirrored == ["mlp:v1"]  # type: ignore[arg-type]
+    tags = MlflowClient(tracking_uri=uri).get_model_version("mlp", "1").tags
+    assert tags["registry.signatures"] == f"key {_fingerprint(producer)}"
+    reg.sign("mlp", key=reviewer.private)  # a new signature re-mirrors the version
+    assert sync(reg.backend, uri).mirrored == ["mlp:v1"]  # type: ignore[arg-type]
+    tags = MlflowClient(tracking_uri=uri).get_model_version("mlp", "1").tags
+    assert _fingerprint(reviewer) in tags["registry.signatures"]
