@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +35,7 @@ from .files import (
     version_files,
     weights_digest,
 )
-from .gc import DEFAULT_GRACE, GcReport
+from .gc import DEFAULT_GRACE, GcReport, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref
 from .settings import Settings
@@ -54,6 +55,8 @@ class PushResult:
     record: VersionRecord
     files: list[VersionFile]
     uploaded: list[VersionFile]
+    # Store keys the push committed but could not write yet (``LocalBackend.reconcile``).
+    deferred: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, int]:
         """What ``metadata["push"]`` says (the stored manifest never depends on it)."""
@@ -110,6 +113,10 @@ class LocalBackend:
         self.grace = grace
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
+        # Store writes owed after a commit whose follow-up write failed: name -> versions
+        # (0: the alias table); written by the next _publish of that name or by reconcile.
+        self._unpublished: dict[str, set[int]] = {}
+        self._unpublished_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -192,7 +199,20 @@ class LocalBackend:
 
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
                     tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
-        """Write the manifest, then make the reserved version visible with its tags and aliases."""
+        """Make the reserved version visible with its tags and aliases, then write its
+        manifest (and the alias table) to the store.
+
+        The order is the guarantee (README, "Storage and guarantees"): the store gets a
+        manifest only once the catalog holds the version, so nothing a failed or losing
+        commit leaves behind needs deleting, and a commit never deletes what another wrote.
+        Once the catalog commit succeeded the push has succeeded: a store write that fails
+        after it is logged, remembered and written again by the next change of ``name``,
+        ``gc`` or ``db rebuild`` (:meth:`reconcile`), never raised."""
+        return self._commit(name, number, manifest, tags, aliases)[0]
+
+    def _commit(self, name: str, number: int, manifest: dict[str, Any], tags: dict[str, str],
+                aliases: Iterable[str]) -> tuple[VersionRecord, list[str]]:
+        """:meth:`commit_push`, and the store keys left for :meth:`reconcile`."""
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
@@ -203,25 +223,79 @@ class LocalBackend:
                 f"{f.role} file {f.name} ({f.digest}) of {origin} is not in the store "
                 f"({have or 0} of {f.size} bytes); upload it before committing",
                 files=[f for f, _ in absent])
-        self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
+        # Checked again right before the commit: a gc that chose a blob before this push
+        # reserved it may have deleted it since (registry/gc.py, rule 3).
+        gone = [f for f, _ in self._absent(files)]
+        if gone:
+            raise MissingBlobError(
+                f"{len(gone)} file(s) of {origin} vanished from the store while it was "
+                f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
+                "version was not made visible: push it again", files=gone)
+        aliases = list(aliases)
+        record = self.catalog.commit(name, number, manifest, tags, aliases)
+        return record, self._publish(name, [number], aliases=bool(aliases))
+
+    def _publish(self, name: str, versions: Iterable[int], *, aliases: bool) -> list[str]:
+        """Write the store's copies of ``versions``' manifests (and the alias table) from the
+        catalog, under the model's lock (:meth:`Catalog.publish`); returns the keys a failure
+        left unwritten, which :meth:`reconcile` writes later. Never raises: the catalog
+        already holds the change, and it is what callers were told."""
+        with self._unpublished_lock:
+            owed = self._unpublished.pop(name, set())
+        wanted = set(versions) | {v for v in owed if v > 0}
+        aliases = aliases or 0 in owed  # 0 stands for the alias table
+
+        def write(manifests: dict[int, dict[str, Any]], table: dict[str, int]) -> None:
+            for version in sorted(manifests):
+                self.store.put_bytes(mf.manifest_key(name, version), mf.dumps(manifests[version]))
+            if aliases:
+                self.store.put_bytes(mf.aliases_key(name),
+                                     json.dumps(table, sort_keys=True).encode())
+
         try:
-            # Checked again now that the manifest is written: a gc that chose a blob before
-            # this push reserved it may have deleted it since (registry/gc.py, rule 3).
-            gone = [f for f, _ in self._absent(files)]
-            if gone:
-                raise MissingBlobError(
-                    f"{len(gone)} file(s) of {origin} vanished from the store while it was "
-                    f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
-                    "version was not made visible: push it again", files=gone)
-            record = self.catalog.commit(name, number, manifest, tags, aliases)
-        except BaseException:
-            # A manifest without a committed row would come back on `registry db rebuild`.
-            with contextlib.suppress(Exception):
-                self.store.delete(mf.manifest_key(name, number))
-            raise
-        if record.aliases:
-            self._write_aliases(name)
-        return record
+            self.catalog.publish(name, wanted, write)
+        except Exception as exc:  # reported, remembered, retried: the change itself is made
+            with self._unpublished_lock:
+                self._unpublished.setdefault(name, set()).update(
+                    wanted | ({0} if aliases else set()))
+            keys = [mf.manifest_key(name, v) for v in sorted(wanted)] + (
+                [mf.aliases_key(name)] if aliases else [])
+            log.warning("%s is committed, but writing %s to the store failed (%s: %s); it is "
+                        "written again by the next change of %s, `registry gc` or "
+                        "`registry db rebuild`", name, ", ".join(keys), type(exc).__name__,
+                        exc, name)
+            return keys
+        return []
+
+    def unpublished(self) -> list[str]:
+        """Store keys this process still owes (written again by :meth:`reconcile`)."""
+        with self._unpublished_lock:
+            return sorted(mf.aliases_key(n) if v == 0 else mf.manifest_key(n, v)
+                          for n, vs in self._unpublished.items() for v in vs)
+
+    def reconcile(self) -> list[str]:
+        """Make the store's manifests, tombstones and alias tables say what the catalog says;
+        returns the keys written. Only writes (and removes manifests of deleted versions):
+        a version the catalog does not know is left to gc's grace."""
+        from .catalog.models import DELETED, READY
+
+        states = self.catalog.version_states()
+        stored = set(self.store.list("manifests/"))
+        written: list[str] = []
+        names = sorted({n for n, _ in states})
+        for name in names:
+            ready = [v for (n, v), (state, _) in states.items() if n == name and state == READY]
+            missing = [v for v in ready if mf.manifest_key(name, v) not in stored]
+            before = self._publish(name, missing, aliases=True)
+            if before:
+                continue
+            written += [mf.manifest_key(name, v) for v in missing]
+            for (n, v), (state, _) in sorted(states.items()):
+                if n == name and state == DELETED and mf.manifest_key(n, v) in stored:
+                    self.store.put_bytes(mf.tombstone_key(n, v), b"")
+                    self.store.delete(mf.manifest_key(n, v))
+                    written.append(mf.tombstone_key(n, v))
+        return written
 
     def _absent(self, files: Sequence[VersionFile]) -> list[tuple[VersionFile, int | None]]:
         """Each of ``files`` the store lacks or holds at another size, with the size it has."""
@@ -273,9 +347,10 @@ class LocalBackend:
                                                  path.stat().st_size)))
 
     def abort_push(self, name: str, number: int) -> None:
-        """Drop a reservation; its number stays retired and no manifest is left behind."""
+        """Drop a reservation; its number stays retired. Nothing in the store is deleted: a
+        push writes its manifest only after its commit, so an aborted one wrote none, and a
+        commit that won a race with this abort keeps everything it wrote."""
         self.catalog.abort(name, number)
-        self.store.delete(mf.manifest_key(name, number))
 
     def push(
         self,
@@ -286,16 +361,18 @@ class LocalBackend:
         tags: dict[str, str],
         aliases: Iterable[str],
     ) -> PushResult:
-        """Reserve a number, upload what the store lacks, write the manifest, then make the
-        version visible."""
+        """Reserve a number, upload what the store lacks, make the version visible, then
+        write its manifest (:meth:`commit_push`)."""
         files = [s.file for s in staged]
+        aliases = list(aliases)
         number, missing = self.begin_push(name, version, files)
         try:
             by_digest = {s.digest: s for s in staged}
             concurrently(lambda f: self.upload(by_digest[f.digest]), missing,
                          workers=UPLOAD_CONCURRENCY)
             try:
-                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+                record, deferred = self._commit(name, number, manifest_for(number), tags,
+                                                aliases)
             except MissingBlobError as exc:
                 # A blob this push reused was deleted under it; the staged copy of a reused
                 # blob is still here (only uploads consume theirs), or is written again if
@@ -306,12 +383,13 @@ class LocalBackend:
                 log.warning("%d blob(s) of %s:v%d vanished during the push; uploading them "
                             "again", len(lost), name, number)
                 concurrently(self.upload, lost, workers=UPLOAD_CONCURRENCY)
-                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+                record, deferred = self._commit(name, number, manifest_for(number), tags,
+                                                aliases)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.abort_push(name, number)
             raise
-        return PushResult(record, files, missing)
+        return PushResult(record, files, missing, deferred)
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -343,18 +421,17 @@ class LocalBackend:
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
         record = self.catalog.set_alias(name, alias, version)
-        self._write_aliases(name)
+        self._publish(name, (), aliases=True)
         return record
 
     def delete_alias(self, name: str, alias: str) -> None:
         self.catalog.delete_alias(name, alias)
-        self._write_aliases(name)
+        self._publish(name, (), aliases=True)
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         record = self.catalog.set_tags(name, version, tags)
         # The store copy of the manifest carries the tags too, so a rebuild restores them.
-        self.store.put_bytes(mf.manifest_key(name, version),
-                             mf.dumps({**record.manifest, "tags": record.tags}))
+        self._publish(name, [version], aliases=False)
         return record
 
     def delete_version(self, name: str, version: int) -> VersionRecord:
@@ -364,7 +441,7 @@ class LocalBackend:
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
         exports.drop(self, name, version)
-        self._write_aliases(name, allow_missing=True)
+        self._publish(name, (), aliases=True)
         return record
 
     def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
@@ -378,15 +455,6 @@ class LocalBackend:
         from .exports import local as exports
 
         return exports.register(self, name, version, record, path)
-
-    def _write_aliases(self, name: str, *, allow_missing: bool = False) -> None:
-        try:
-            table = self.catalog.aliases(name)
-        except NotFoundError:
-            if not allow_missing:
-                raise
-            table = {}
-        self.store.put_bytes(mf.aliases_key(name), json.dumps(table, sort_keys=True).encode())
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -404,12 +472,14 @@ class LocalBackend:
         if isinstance(self.store, Staging):
             temporary.append(self.store.staging_dir)
         def drop_stale() -> int:
-            return self.catalog.drop_stale_pending(
-                older_than=self.grace,
-                before_drop=lambda name, n: self.store.delete(mf.manifest_key(name, n)))
+            return self.catalog.drop_stale_pending(older_than=self.grace)
 
-        return collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
-                       cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
+        report = collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
+                         cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
+        report.reconciled = self.reconcile()
+        report.orphan_manifests = orphan_manifests(self.store, self.catalog.version_states(),
+                                                   grace=self.grace)
+        return report
 
     def rebuild(self) -> int:
         """Rebuild the catalog from the store alone; return the number of versions restored.
@@ -420,6 +490,13 @@ class LocalBackend:
         give) refuses the whole rebuild with a typed error that names it, and the catalog is
         left as it was.
         """
+        # A catalog still standing first owes the store nothing (a write that failed after a
+        # commit); one that is gone or empty has nothing to add.
+        try:
+            self.reconcile()
+        except Exception as exc:  # the catalog is the one being replaced: often it is gone
+            log.info("db rebuild could not reconcile the store with the old catalog first "
+                     "(%s: %s)", type(exc).__name__, exc)
         manifests: list[dict[str, Any]] = []
         retired: set[tuple[str, int]] = set()
         for key in self.store.list("manifests/"):

@@ -49,6 +49,10 @@ class GcReport:
     # Temporary files of crashed pushes, uploads and downloads removed, and their bytes.
     temporary_files: int = 0
     temporary_bytes: int = 0
+    # Store writes a commit owed and gc made (manifests, tombstones, alias tables), and
+    # manifests of versions neither committed nor pending that gc removed.
+    reconciled: list[str] = field(default_factory=list)
+    orphan_manifests: list[str] = field(default_factory=list)
 
 
 def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: timedelta,
@@ -89,6 +93,35 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
              "temporary files (%d bytes)", len(report.deleted), report.freed_bytes, report.kept,
              report.young, grace, report.temporary_files, report.temporary_bytes)
     return report
+
+
+def orphan_manifests(store: ObjectStore,
+                     states: dict[tuple[str, int], tuple[str, datetime]], *,
+                     grace: timedelta) -> list[str]:
+    """Delete manifests of versions the catalog neither holds nor has a push in progress for
+    (``states``: (name, version) -> (state, reserved at)), once older than ``grace``; return
+    their keys. Such a manifest can only be left by a crash of an older registry, which wrote
+    manifests before the commit; `db rebuild` would otherwise restore a version never
+    visible, whose blobs gc freed."""
+    from .validate import manifest_key
+
+    now = datetime.now(timezone.utc)
+    removed = []
+    for key in list(store.list("manifests/")):
+        try:
+            name, version, suffix = manifest_key(key)
+        except ValueError:
+            continue  # not ours to judge: `db rebuild` names it
+        if suffix != ".json" or (name, version) in states:
+            continue  # ready; pending (in progress, or dropped by its grace); deleted (the
+            # tombstone written by reconcile says so)
+        modified = store.modified(key)
+        if modified is None or now - modified < grace:
+            continue
+        store.delete(key)
+        removed.append(key)
+        log.info("gc removed %s: no such version was committed", key)
+    return removed
 
 
 def blob_digest(key: str) -> str:

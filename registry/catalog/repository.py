@@ -156,14 +156,50 @@ class Catalog(MirrorStates):
                 self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
 
-    def abort(self, name: str, version: int) -> None:
-        """Drop a reservation whose push failed; its number stays retired."""
+    def abort(self, name: str, version: int) -> bool:
+        """Drop a reservation whose push failed; its number stays retired. Returns whether
+        this call dropped it: a commit that won the race keeps its version."""
         with self._session() as s:
             model = s.scalar(select(ModelRow).where(ModelRow.name == name))
-            if model is not None:
-                s.execute(delete(VersionRow).where(
-                    VersionRow.model_id == model.id, VersionRow.version == version,
-                    VersionRow.state == PENDING))
+            if model is None:
+                return False
+            gone = s.execute(delete(VersionRow).where(
+                VersionRow.model_id == model.id, VersionRow.version == version,
+                VersionRow.state == PENDING))
+            return bool(gone.rowcount)  # type: ignore[attr-defined]
+
+    def publish(self, name: str, versions: Iterable[int],
+                write: Callable[[dict[int, dict[str, Any]], dict[str, int]], None]) -> None:
+        """Call ``write(manifests, aliases)`` with what the catalog holds for ``name`` right now
+        (the manifests, tags included, of those of ``versions`` that are ready, and the alias
+        table) while holding the model's write lock.
+
+        Every change of a version's visibility, tags or aliases takes the same lock, so the
+        store's copies are written in the catalog's order and the last one written is of the
+        newest state: two pushes moving one alias can no longer leave the older table in the
+        store (README, "Storage and guarantees")."""
+        with self._session() as s:
+            model = s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
+            if model is None:
+                return
+            wanted = sorted(set(versions))
+            rows = s.scalars(select(VersionRow).where(
+                VersionRow.model_id == model.id, VersionRow.version.in_(wanted),
+                VersionRow.state == READY)).all() if wanted else []
+            manifests = {r.version: {**json.loads(r.manifest or "{}"), "tags": json.loads(r.tags)}
+                         for r in rows}
+            aliases = {a.alias: a.version for a in s.scalars(
+                select(AliasRow).where(AliasRow.model_id == model.id))}
+            write(manifests, aliases)
+
+    def version_states(self) -> dict[tuple[str, int], tuple[str, datetime]]:
+        """(name, version) -> (state, reserved at) of every row: what gc compares the store's
+        manifests with."""
+        with self._session() as s:
+            rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
+                                    VersionRow.created_at)
+                             .join(ModelRow, ModelRow.id == VersionRow.model_id)).all()
+            return {(n, v): (state, aware(created)) for n, v, state, created in rows}
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -251,7 +287,7 @@ class Catalog(MirrorStates):
 
     def delete_alias(self, name: str, alias: str) -> None:
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes with publish
             gone = s.execute(delete(AliasRow).where(
                 AliasRow.model_id == model.id, AliasRow.alias == alias))
             if not gone.rowcount:  # type: ignore[attr-defined]
@@ -260,7 +296,7 @@ class Catalog(MirrorStates):
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         """Merge ``tags`` into the version's tags; a None value removes that key."""
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes with publish
             row = self._row(s, model, version)
             merged = json.loads(row.tags)
             for key, value in tags.items():
@@ -277,7 +313,7 @@ class Catalog(MirrorStates):
     def delete_version(self, name: str, version: int) -> VersionRecord:
         """Turn the version into a tombstone: invisible, its number retired, aliases dropped."""
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes with publish
             row = self._row(s, model, version)
             record = self._record(s, model, row)
             row.state = DELETED
@@ -311,25 +347,22 @@ class Catalog(MirrorStates):
                                      VersionRow.state == PENDING)).all()
             return max(int(size) for size in sizes) if sizes else None
 
-    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6),
-                           before_drop: Callable[[str, int], None] | None = None) -> int:
+    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
         """Forget reservations of pushes that died; their numbers stay retired.
 
-        ``before_drop(name, version)`` runs for each before its row goes (and a failure keeps
-        the row): gc removes the manifest a push killed between writing it and committing left
-        in the store, which `db rebuild` would otherwise restore without the blobs gc frees.
-        """
+        A push writes its manifest only after its commit (``LocalBackend.commit_push``), so a
+        dead push left none; the delete names the state, so a push that commits at this very
+        moment keeps its version."""
         with self._session() as s:
-            rows = s.execute(select(VersionRow, ModelRow.name)
-                             .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                             .where(VersionRow.state == PENDING)).all()
             cutoff = _now() - older_than
-            stale = [(r, name) for r, name in rows if aware(r.created_at) < cutoff]
-            for r, name in stale:
-                if before_drop is not None:
-                    before_drop(name, r.version)
-                s.delete(r)
-            return len(stale)
+            stale = [i for i, created in s.execute(
+                select(VersionRow.id, VersionRow.created_at).where(VersionRow.state == PENDING))
+                if aware(created) < cutoff]
+            if not stale:
+                return 0
+            gone = s.execute(delete(VersionRow).where(VersionRow.id.in_(stale),
+                                                      VersionRow.state == PENDING))
+            return int(gone.rowcount or 0)  # type: ignore[attr-defined]
 
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
                 aliases: dict[str, dict[str, int]]) -> int:
