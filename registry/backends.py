@@ -313,6 +313,12 @@ class LocalBackend:
                 "/api/v1/models/NAME/pushes) and upload only the files it asks for")
         return size
 
+    def committed_push(self, name: str, number: int,
+                       manifest: dict[str, Any]) -> VersionRecord | None:
+        """The record of ``name:vN`` if a commit of exactly ``manifest`` made it visible (the
+        answer to a retried commit), else None."""
+        return self.catalog.committed(name, number, manifest)
+
     def reservation(self, name: str, number: int) -> Reservation:
         """The push in progress for ``name:vN``; NotFoundError if there is none."""
         reserved = self.catalog.reservation(name, number)

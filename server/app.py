@@ -39,6 +39,7 @@ from registry.digests import HashingWriter, check_digest
 from registry.errors import (
     DigestMismatchError,
     ManifestError,
+    NotFoundError,
     RefError,
     RegistryError,
     SettingsError,
@@ -254,8 +255,17 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         tags = cast(dict[str, str], validate_tags(body.tags))
         aliases = validate_aliases(body.aliases)
-        manifest = _checked_manifest(body.manifest, name, number,
-                                     local.reservation(name, number), tags)
+        try:
+            reserved = local.reservation(name, number)
+        except NotFoundError:
+            # A retry of a commit that went through (its answer was lost): the same answer.
+            retried = {**mf.validate(body.manifest, origin=f"manifest of {name}:v{number}"),
+                       "tags": tags}
+            done = local.committed_push(name, number, retried)
+            if done is None:
+                raise
+            return record_to_wire(done)
+        manifest = _checked_manifest(body.manifest, name, number, reserved, tags)
         record = local.commit_push(name, number, manifest, tags, aliases)
         log.info("push %s:v%d committed by %s", name, number, caller)
         changed()

@@ -144,17 +144,42 @@ class Catalog(MirrorStates):
     def commit(self, name: str, version: int, manifest: dict[str, Any],
                tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
         """Make a reserved version visible, with its manifest, tags and aliases."""
+        stored = json.dumps(manifest, sort_keys=True)
         with self._session() as s:
             # Lock the model row: concurrent commits that move the same alias would otherwise
             # both insert it on PostgreSQL and one would fail on the primary key.
             model = self._model(s, name, live=False, lock=True)
+            done = self.committed(name, version, manifest, session=s, model=model)
+            if done is not None:  # a retry of this very commit: its outcome, not an error
+                return done
             row = self._row(s, model, version, states=(PENDING,))
             row.state = READY
-            row.manifest = json.dumps(manifest, sort_keys=True)
+            row.manifest = stored
             row.tags = json.dumps(tags, sort_keys=True)
             for alias in aliases:
                 self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
+
+    def committed(self, name: str, version: int, manifest: dict[str, Any], *,
+                  session: Session | None = None,
+                  model: ModelRow | None = None) -> VersionRecord | None:
+        """The record of ``name:vN`` if it is visible and was committed with exactly
+        ``manifest`` (a retried commit whose answer was lost), else None. Its aliases and
+        tags are today's: a retry never moves them back."""
+        if session is None:
+            with self._session() as s:
+                return self.committed(name, version, manifest, session=s)
+        s = session
+        if model is None:
+            model = s.scalar(select(ModelRow).where(ModelRow.name == name))
+            if model is None:
+                return None
+        row = s.scalar(select(VersionRow).where(
+            VersionRow.model_id == model.id, VersionRow.version == version,
+            VersionRow.state == READY))
+        if row is None or row.manifest != json.dumps(manifest, sort_keys=True):
+            return None
+        return self._record(s, model, row)
 
     def abort(self, name: str, version: int) -> bool:
         """Drop a reservation whose push failed; its number stays retired. Returns whether

@@ -104,30 +104,38 @@ def _second_push(reg: registry.Registry, home: Path, name: str) -> tuple[int, di
 
 
 def test_concurrent_commits_of_one_push_leave_the_winner_whole(home: Path) -> None:
-    """Six commits of one reserved push at once (a client retrying through several
-    replicas): one wins, the others fail, and the winner's manifest stays in the store.
-    Before, each loser's cleanup deleted it (the version stayed visible, a rebuild lost it)."""
+    """Six commits of one reserved push at once, three of one manifest and three of another
+    (clients retrying through several replicas): one manifest wins, the three commits of it
+    all answer its version (a repeat of a commit is that commit), the three others fail, and
+    the winner's manifest stays in the store. Before, each loser's cleanup deleted it (the
+    version stayed visible and a rebuild lost it)."""
     reg = registry.Registry(home=home)
     number, manifest = _second_push(reg, home, "sixfold")
-    committers = [registry.Registry(home=home) for _ in range(6)]
+    other = {**manifest, "created_at": "2001-01-01T00:00:00+00:00"}
+    committers = [(registry.Registry(home=home), m) for m in [manifest, other] * 3]
     start = threading.Barrier(len(committers))
-    outcomes: list[str] = []
+    outcomes: list[tuple[str, str]] = []
 
-    def commit(r: registry.Registry) -> None:
+    def commit(r: registry.Registry, m: dict[str, Any]) -> None:
         start.wait()
         try:
-            r.backend.commit_push("sixfold", number, manifest, {}, ["best"])  # type: ignore[attr-defined]
-            outcomes.append("won")
+            r.backend.commit_push("sixfold", number, m, {}, ["best"])  # type: ignore[attr-defined]
+            outcomes.append(("won", m["created_at"]))
         except NotFoundError:
-            outcomes.append("lost")
+            outcomes.append(("lost", m["created_at"]))
 
-    threads = [threading.Thread(target=commit, args=(r,)) for r in committers]
+    threads = [threading.Thread(target=commit, args=c) for c in committers]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(outcomes) == ["lost"] * 5 + ["won"]
-    assert (home / "objects" / mf.manifest_key("sixfold", number)).exists()
+    winner = next(c for result, c in outcomes if result == "won")
+    assert sorted(outcomes) == sorted([("won", winner)] * 3 + [
+        ("lost", next(m["created_at"] for m in (manifest, other)
+                      if m["created_at"] != winner))] * 3)
+    stored = mf.loads((home / "objects" / mf.manifest_key("sixfold", number)).read_bytes(),
+                      origin="test")
+    assert stored["created_at"] == winner
     assert reg.show("sixfold@best").version == number
     assert rebuild_agrees(reg.backend) == []  # type: ignore[arg-type]
     assert reg.show("sixfold@best").version == number
