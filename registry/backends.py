@@ -7,9 +7,7 @@ both run on it, so each operation has one implementation.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import manifest as mf
-from . import validate
 from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
@@ -37,6 +34,7 @@ from .files import (
 )
 from .gc import DEFAULT_GRACE, GcReport, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
+from .publish import Copies
 from .refs import Ref
 from .settings import Settings
 from .store import ObjectStore, Presigning, Staging, open_store
@@ -55,7 +53,7 @@ class PushResult:
     record: VersionRecord
     files: list[VersionFile]
     uploaded: list[VersionFile]
-    # Store keys the push committed but could not write yet (``LocalBackend.reconcile``).
+    # Store keys the push committed but could not write yet (registry/publish.py).
     deferred: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, int]:
@@ -113,10 +111,8 @@ class LocalBackend:
         self.grace = grace
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
-        # Store writes owed after a commit whose follow-up write failed: name -> versions
-        # (0: the alias table); written by the next _publish of that name or by reconcile.
-        self._unpublished: dict[str, set[int]] = {}
-        self._unpublished_lock = threading.Lock()
+        # The store's copies of catalog facts, and what a failed write left owed.
+        self.copies = Copies()
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -207,12 +203,12 @@ class LocalBackend:
         commit leaves behind needs deleting, and a commit never deletes what another wrote.
         Once the catalog commit succeeded the push has succeeded: a store write that fails
         after it is logged, remembered and written again by the next change of ``name``,
-        ``gc`` or ``db rebuild`` (:meth:`reconcile`), never raised."""
+        ``gc`` or ``db rebuild`` (registry/publish.py), never raised."""
         return self._commit(name, number, manifest, tags, aliases)[0]
 
     def _commit(self, name: str, number: int, manifest: dict[str, Any], tags: dict[str, str],
                 aliases: Iterable[str]) -> tuple[VersionRecord, list[str]]:
-        """:meth:`commit_push`, and the store keys left for :meth:`reconcile`."""
+        """:meth:`commit_push`, and the store keys a failed write left owed."""
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
@@ -237,65 +233,8 @@ class LocalBackend:
 
     def _publish(self, name: str, versions: Iterable[int], *, aliases: bool) -> list[str]:
         """Write the store's copies of ``versions``' manifests (and the alias table) from the
-        catalog, under the model's lock (:meth:`Catalog.publish`); returns the keys a failure
-        left unwritten, which :meth:`reconcile` writes later. Never raises: the catalog
-        already holds the change, and it is what callers were told."""
-        with self._unpublished_lock:
-            owed = self._unpublished.pop(name, set())
-        wanted = set(versions) | {v for v in owed if v > 0}
-        aliases = aliases or 0 in owed  # 0 stands for the alias table
-
-        def write(manifests: dict[int, dict[str, Any]], table: dict[str, int]) -> None:
-            for version in sorted(manifests):
-                self.store.put_bytes(mf.manifest_key(name, version), mf.dumps(manifests[version]))
-            if aliases:
-                self.store.put_bytes(mf.aliases_key(name),
-                                     json.dumps(table, sort_keys=True).encode())
-
-        try:
-            self.catalog.publish(name, wanted, write)
-        except Exception as exc:  # reported, remembered, retried: the change itself is made
-            with self._unpublished_lock:
-                self._unpublished.setdefault(name, set()).update(
-                    wanted | ({0} if aliases else set()))
-            keys = [mf.manifest_key(name, v) for v in sorted(wanted)] + (
-                [mf.aliases_key(name)] if aliases else [])
-            log.warning("%s is committed, but writing %s to the store failed (%s: %s); it is "
-                        "written again by the next change of %s, `registry gc` or "
-                        "`registry db rebuild`", name, ", ".join(keys), type(exc).__name__,
-                        exc, name)
-            return keys
-        return []
-
-    def unpublished(self) -> list[str]:
-        """Store keys this process still owes (written again by :meth:`reconcile`)."""
-        with self._unpublished_lock:
-            return sorted(mf.aliases_key(n) if v == 0 else mf.manifest_key(n, v)
-                          for n, vs in self._unpublished.items() for v in vs)
-
-    def reconcile(self) -> list[str]:
-        """Make the store's manifests, tombstones and alias tables say what the catalog says;
-        returns the keys written. Only writes (and removes manifests of deleted versions):
-        a version the catalog does not know is left to gc's grace."""
-        from .catalog.models import DELETED, READY
-
-        states = self.catalog.version_states()
-        stored = set(self.store.list("manifests/"))
-        written: list[str] = []
-        names = sorted({n for n, _ in states})
-        for name in names:
-            ready = [v for (n, v), (state, _) in states.items() if n == name and state == READY]
-            missing = [v for v in ready if mf.manifest_key(name, v) not in stored]
-            before = self._publish(name, missing, aliases=True)
-            if before:
-                continue
-            written += [mf.manifest_key(name, v) for v in missing]
-            for (n, v), (state, _) in sorted(states.items()):
-                if n == name and state == DELETED and mf.manifest_key(n, v) in stored:
-                    self.store.put_bytes(mf.tombstone_key(n, v), b"")
-                    self.store.delete(mf.manifest_key(n, v))
-                    written.append(mf.tombstone_key(n, v))
-        return written
+        catalog; never raises (registry/publish.py)."""
+        return self.copies.publish(self.catalog, self.store, name, versions, aliases=aliases)
 
     def _absent(self, files: Sequence[VersionFile]) -> list[tuple[VersionFile, int | None]]:
         """Each of ``files`` the store lacks or holds at another size, with the size it has."""
@@ -482,7 +421,7 @@ class LocalBackend:
 
         report = collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
                          cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
-        report.reconciled = self.reconcile()
+        report.reconciled = self.copies.reconcile(self.catalog, self.store)
         report.orphan_manifests = orphan_manifests(self.store, self.catalog.version_states(),
                                                    grace=self.grace)
         return report
@@ -494,38 +433,12 @@ class LocalBackend:
         written (a key such as ``manifests/../../evil/v1.json``, malformed JSON, a manifest
         naming another model, a manifest failing its schema or whose digest its files do not
         give) refuses the whole rebuild with a typed error that names it, and the catalog is
-        left as it was.
+        left as it was (registry/publish.py, ``Copies.rebuild``).
         """
-        # A catalog still standing first owes the store nothing (a write that failed after a
-        # commit); one that is gone or empty has nothing to add.
-        try:
-            self.reconcile()
-        except Exception as exc:  # the catalog is the one being replaced: often it is gone
-            log.info("db rebuild could not reconcile the store with the old catalog first "
-                     "(%s: %s)", type(exc).__name__, exc)
-        manifests: list[dict[str, Any]] = []
-        retired: set[tuple[str, int]] = set()
-        for key in self.store.list("manifests/"):
-            name, version, suffix = validate.manifest_key(key)
-            if suffix == ".json":
-                data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
-                manifests.append(validate.stored_manifest(
-                    mf.loads(data, origin=key), name=name, version=version, origin=key))
-            elif suffix == ".deleted":
-                retired.add((name, version))
-        aliases: dict[str, dict[str, int]] = {}
-        for key in self.store.list("aliases/"):
-            name = validate.aliases_key(key)
-            data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
-            aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
-        # A tombstone is written before its manifest is removed: if both are there, the
-        # deletion happened.
-        manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
-        manifests.sort(key=lambda m: (m["name"], m["version"]))
         from .exports import local as exports
 
+        manifests, retired, aliases = self.copies.read_back(self.catalog, self.store)
         found = exports.stored(self)
-        count = self.catalog.restore(manifests, sorted(retired), aliases)
+        count = self.catalog.restore(manifests, retired, aliases)
         exports.restore(self, found)
         return count
-

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry import attachments
 from registry import manifest as mf
 from registry.backends import LocalBackend
+from registry.catalog.records import VersionRecord
 from registry.catalog.repository import Reservation
 from registry.digests import HashingWriter, check_digest
 from registry.errors import (
@@ -259,9 +260,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
             reserved = local.reservation(name, number)
         except NotFoundError:
             # A retry of a commit that went through (its answer was lost): the same answer.
-            retried = {**mf.validate(body.manifest, origin=f"manifest of {name}:v{number}"),
-                       "tags": tags}
-            done = local.committed_push(name, number, retried)
+            done = _repeated_commit(local, name, number, body.manifest, tags)
             if done is None:
                 raise
             return record_to_wire(done)
@@ -403,6 +402,16 @@ async def receive_blob(local: LocalBackend, digest: str, request: Request,
         return {"digest": digest, "size": size}
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _repeated_commit(local: LocalBackend, name: str, number: int, manifest: dict[str, Any],
+                     tags: dict[str, str]) -> VersionRecord | None:
+    """The version a commit of exactly this manifest made visible, or None."""
+    try:
+        checked = mf.validate(manifest, origin=f"manifest of {name}:v{number}")
+    except RegistryError:
+        return None
+    return local.committed_push(name, number, {**checked, "tags": tags})
 
 
 def _checked_manifest(manifest: dict[str, Any], name: str, number: int,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,6 +17,7 @@ from ..errors import NotFoundError, RefError, VersionExistsError
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
+from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
@@ -40,7 +41,7 @@ class Reservation:
     files: list[VersionFile]
 
 
-class Catalog(MirrorStates):
+class Catalog(MirrorStates, StoreCopies):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -160,27 +161,6 @@ class Catalog(MirrorStates):
                 self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
 
-    def committed(self, name: str, version: int, manifest: dict[str, Any], *,
-                  session: Session | None = None,
-                  model: ModelRow | None = None) -> VersionRecord | None:
-        """The record of ``name:vN`` if it is visible and was committed with exactly
-        ``manifest`` (a retried commit whose answer was lost), else None. Its aliases and
-        tags are today's: a retry never moves them back."""
-        if session is None:
-            with self._session() as s:
-                return self.committed(name, version, manifest, session=s)
-        s = session
-        if model is None:
-            model = s.scalar(select(ModelRow).where(ModelRow.name == name))
-            if model is None:
-                return None
-        row = s.scalar(select(VersionRow).where(
-            VersionRow.model_id == model.id, VersionRow.version == version,
-            VersionRow.state == READY))
-        if row is None or row.manifest != json.dumps(manifest, sort_keys=True):
-            return None
-        return self._record(s, model, row)
-
     def abort(self, name: str, version: int) -> bool:
         """Drop a reservation whose push failed; its number stays retired. Returns whether
         this call dropped it: a commit that won the race keeps its version."""
@@ -192,39 +172,6 @@ class Catalog(MirrorStates):
                 VersionRow.model_id == model.id, VersionRow.version == version,
                 VersionRow.state == PENDING))
             return bool(gone.rowcount)  # type: ignore[attr-defined]
-
-    def publish(self, name: str, versions: Iterable[int],
-                write: Callable[[dict[int, dict[str, Any]], dict[str, int]], None]) -> None:
-        """Call ``write(manifests, aliases)`` with what the catalog holds for ``name`` right now
-        (the manifests, tags included, of those of ``versions`` that are ready, and the alias
-        table) while holding the model's write lock.
-
-        Every change of a version's visibility, tags or aliases takes the same lock, so the
-        store's copies are written in the catalog's order and the last one written is of the
-        newest state: two pushes moving one alias can no longer leave the older table in the
-        store (README, "Storage and guarantees")."""
-        with self._session() as s:
-            model = s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
-            if model is None:
-                return
-            wanted = sorted(set(versions))
-            rows = s.scalars(select(VersionRow).where(
-                VersionRow.model_id == model.id, VersionRow.version.in_(wanted),
-                VersionRow.state == READY)).all() if wanted else []
-            manifests = {r.version: {**json.loads(r.manifest or "{}"), "tags": json.loads(r.tags)}
-                         for r in rows}
-            aliases = {a.alias: a.version for a in s.scalars(
-                select(AliasRow).where(AliasRow.model_id == model.id))}
-            write(manifests, aliases)
-
-    def version_states(self) -> dict[tuple[str, int], tuple[str, datetime]]:
-        """(name, version) -> (state, reserved at) of every row: what gc compares the store's
-        manifests with."""
-        with self._session() as s:
-            rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
-                                    VersionRow.created_at)
-                             .join(ModelRow, ModelRow.id == VersionRow.model_id)).all()
-            return {(n, v): (state, aware(created)) for n, v, state, created in rows}
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -371,23 +318,6 @@ class Catalog(MirrorStates):
                               .where(VersionFileRow.digest == digest,
                                      VersionRow.state == PENDING)).all()
             return max(int(size) for size in sizes) if sizes else None
-
-    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6)) -> int:
-        """Forget reservations of pushes that died; their numbers stay retired.
-
-        A push writes its manifest only after its commit (``LocalBackend.commit_push``), so a
-        dead push left none; the delete names the state, so a push that commits at this very
-        moment keeps its version."""
-        with self._session() as s:
-            cutoff = _now() - older_than
-            stale = [i for i, created in s.execute(
-                select(VersionRow.id, VersionRow.created_at).where(VersionRow.state == PENDING))
-                if aware(created) < cutoff]
-            if not stale:
-                return 0
-            gone = s.execute(delete(VersionRow).where(VersionRow.id.in_(stale),
-                                                      VersionRow.state == PENDING))
-            return int(gone.rowcount or 0)  # type: ignore[attr-defined]
 
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
                 aliases: dict[str, dict[str, int]]) -> int:

@@ -203,10 +203,10 @@ def test_a_store_failure_after_the_commit_reports_success_and_is_written_later(
     v1 = reg.push(trained_mlp(), "late", aliases=["prod"])
     assert v1.ref == "late:v1" and reg.show("late@prod").version == 1
     backend: Any = reg.backend
-    assert backend.unpublished() == [mf.aliases_key("late"), mf.manifest_key("late", 1)]
+    assert backend.copies.owed() == [mf.aliases_key("late"), mf.manifest_key("late", 1)]
     assert not (home / "objects" / mf.manifest_key("late", 1)).exists()
     reg.set_tags("late:v1", {"k": "v"})  # the next change of "late" pays the debt
-    assert backend.unpublished() == []
+    assert backend.copies.owed() == []
     assert (home / "objects" / mf.manifest_key("late", 1)).exists()
     assert rebuild_agrees(backend) == []
     assert reg.show("late@prod").tags == {"k": "v"}
