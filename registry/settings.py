@@ -18,6 +18,7 @@
 | REGISTRY_PREFAULT_THREADS   | 2 (threads mapping a pull's pages)    |
 | REGISTRY_S3_PART_SIZE       | 16MiB (S3 ranged GET / upload part)   |
 | REGISTRY_S3_CONCURRENCY     | 8 (S3 parts in flight per object)     |
+| REGISTRY_STORE_RETRY_SECONDS| 5s (S3 operations retried this long)  |
 
 Every environment variable the registry reads is read here, and only here.
 """
@@ -36,6 +37,9 @@ from .errors import SettingsError
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
 DEFAULT_GC_GRACE = timedelta(hours=6)
+# How long an S3 operation is tried again, with backoff, while the endpoint does not answer:
+# a blip of a second or two is invisible to callers, a dead endpoint fails within seconds.
+DEFAULT_STORE_RETRY = timedelta(seconds=5)
 # Two threads mapping pages kept a cold 806 MB pull 13% ahead of one here (virtio disk).
 DEFAULT_PREFAULT_THREADS = 2
 # S3 transfers: parts of 16 MiB, 8 in flight per object (s3transfer buffers a few parts per
@@ -76,6 +80,8 @@ class Settings:
     # Part size and parts in flight of one S3 transfer (uploads and ranged GETs alike).
     s3_part_size: int = DEFAULT_S3_PART_SIZE
     s3_concurrency: int = DEFAULT_S3_CONCURRENCY
+    # Window over which S3 operations are retried (registry/store/s3.py).
+    store_retry: timedelta = DEFAULT_STORE_RETRY
 
     @property
     def auth_path(self) -> Path:
@@ -130,6 +136,7 @@ class Settings:
         prefault_raw = env.get("REGISTRY_PREFAULT_THREADS") or None
         part_raw = env.get("REGISTRY_S3_PART_SIZE") or None
         concurrency_raw = env.get("REGISTRY_S3_CONCURRENCY") or None
+        retry_raw = env.get("REGISTRY_STORE_RETRY_SECONDS") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -158,6 +165,8 @@ class Settings:
             s3_concurrency=_bounded_int(concurrency_raw, "REGISTRY_S3_CONCURRENCY",
                                         MAX_S3_CONCURRENCY)
             if concurrency_raw else DEFAULT_S3_CONCURRENCY,
+            store_retry=parse_duration(retry_raw, "REGISTRY_STORE_RETRY_SECONDS")
+            if retry_raw else DEFAULT_STORE_RETRY,
         )
 
     def with_overrides(self, **changes: object) -> Settings:
