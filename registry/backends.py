@@ -36,7 +36,7 @@ from .gc import DEFAULT_GRACE, GcReport, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .publish import Copies
 from .refs import Ref
-from .settings import Settings
+from .settings import DEFAULT_PUSH_LEASE, Settings
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
 
@@ -103,12 +103,14 @@ class LocalBackend:
     """A SQL catalog plus an object store, driven in-process."""
 
     def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path, *,
-                 grace: timedelta = DEFAULT_GRACE) -> None:
+                 grace: timedelta = DEFAULT_GRACE, lease: timedelta = DEFAULT_PUSH_LEASE) -> None:
         self.catalog = catalog
         self.store = store
         # How long a reservation, a temporary file or an unreferenced blob is left to its
-        # writer before gc may remove it (REGISTRY_GC_GRACE; registry/gc.py).
+        # writer before gc may remove it (REGISTRY_GC_GRACE; registry/gc.py); a reservation
+        # silent for ``lease`` is released sooner (REGISTRY_PUSH_LEASE; catalog/leases.py).
         self.grace = grace
+        self.lease = lease
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
         # The store's copies of catalog facts, and what a failed write left owed.
@@ -126,6 +128,7 @@ class LocalBackend:
             store or open_store(settings.store_url, settings),
             settings.cache_dir,
             grace=settings.gc_grace,
+            lease=settings.push_lease,
         )
 
     def __repr__(self) -> str:
@@ -162,7 +165,7 @@ class LocalBackend:
         # and gc keeps only blobs that a reservation or a version references.
         self.store.has(mf.blob_key(unique[0].digest))
         number = self.catalog.reserve(name, version, weights_digest(files), total_size(
-            [f for f in files if f.role == "weights"]), files)
+            [f for f in files if f.role == "weights"]), files, lease=self.lease)
         held = concurrently(lambda f: self._holds(mf.blob_key(f.digest), f.digest, f.size),
                             unique)
         return number, [f for f, ok in zip(unique, held, strict=True) if not ok]
@@ -250,6 +253,7 @@ class LocalBackend:
             raise UnexpectedUploadError(
                 f"no push in progress lists blob {digest}: begin the push first (POST "
                 "/api/v1/models/NAME/pushes) and upload only the files it asks for")
+        self.catalog.renew_listing(digest)  # a sign of life of the push: its lease holds
         return size
 
     def committed_push(self, name: str, number: int,
@@ -313,8 +317,10 @@ class LocalBackend:
         number, missing = self.begin_push(name, version, files)
         try:
             by_digest = {s.digest: s for s in staged}
-            concurrently(lambda f: self.upload(by_digest[f.digest]), missing,
-                         workers=UPLOAD_CONCURRENCY)
+            def upload(f: VersionFile) -> None:  # each a sign of life: the lease holds
+                self.upload(by_digest[f.digest])
+                self.catalog.renew(name, number)
+            concurrently(upload, missing, workers=UPLOAD_CONCURRENCY)
             try:
                 record, deferred = self._commit(name, number, manifest_for(number), tags,
                                                 aliases)
@@ -417,7 +423,7 @@ class LocalBackend:
         if isinstance(self.store, Staging):
             temporary.append(self.store.staging_dir)
         def drop_stale() -> int:
-            return self.catalog.drop_stale_pending(older_than=self.grace)
+            return self.catalog.drop_stale_pending(older_than=min(self.grace, self.lease))
 
         report = collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
                          cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)

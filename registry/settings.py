@@ -19,6 +19,7 @@
 | REGISTRY_S3_PART_SIZE       | 16MiB (S3 ranged GET / upload part)   |
 | REGISTRY_S3_CONCURRENCY     | 8 (S3 parts in flight per object)     |
 | REGISTRY_STORE_RETRY_SECONDS| 5s (S3 operations retried this long)  |
+| REGISTRY_PUSH_LEASE         | 15m (a silent push's reservation)     |
 
 Every environment variable the registry reads is read here, and only here.
 """
@@ -40,6 +41,8 @@ DEFAULT_GC_GRACE = timedelta(hours=6)
 # How long an S3 operation is tried again, with backoff, while the endpoint does not answer:
 # a blip of a second or two is invisible to callers, a dead endpoint fails within seconds.
 DEFAULT_STORE_RETRY = timedelta(seconds=5)
+# A push renews its reservation with each upload; one silent this long died (catalog/leases.py).
+DEFAULT_PUSH_LEASE = timedelta(minutes=15)
 # Two threads mapping pages kept a cold 806 MB pull 13% ahead of one here (virtio disk).
 DEFAULT_PREFAULT_THREADS = 2
 # S3 transfers: parts of 16 MiB, 8 in flight per object (s3transfer buffers a few parts per
@@ -82,6 +85,8 @@ class Settings:
     s3_concurrency: int = DEFAULT_S3_CONCURRENCY
     # Window over which S3 operations are retried (registry/store/s3.py).
     store_retry: timedelta = DEFAULT_STORE_RETRY
+    # How long a push's reservation outlives its last sign of life (registry/catalog/leases.py).
+    push_lease: timedelta = DEFAULT_PUSH_LEASE
 
     @property
     def auth_path(self) -> Path:
@@ -137,6 +142,7 @@ class Settings:
         part_raw = env.get("REGISTRY_S3_PART_SIZE") or None
         concurrency_raw = env.get("REGISTRY_S3_CONCURRENCY") or None
         retry_raw = env.get("REGISTRY_STORE_RETRY_SECONDS") or None
+        lease_raw = env.get("REGISTRY_PUSH_LEASE") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -167,6 +173,8 @@ class Settings:
             if concurrency_raw else DEFAULT_S3_CONCURRENCY,
             store_retry=parse_duration(retry_raw, "REGISTRY_STORE_RETRY_SECONDS")
             if retry_raw else DEFAULT_STORE_RETRY,
+            push_lease=parse_duration(lease_raw, "REGISTRY_PUSH_LEASE")
+            if lease_raw else DEFAULT_PUSH_LEASE,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -19,6 +19,7 @@ from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
 from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
+from .leases import Leases
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
@@ -41,7 +42,7 @@ class Reservation:
     files: list[VersionFile]
 
 
-class Catalog(MirrorStates, StoreCopies):
+class Catalog(MirrorStates, StoreCopies, Leases):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -84,11 +85,12 @@ class Catalog(MirrorStates, StoreCopies):
     # -- push -----------------------------------------------------------------------------
 
     def reserve(self, name: str, version: int | None, digest: str, size_bytes: int,
-                files: Sequence[VersionFile]) -> int:
+                files: Sequence[VersionFile], *, lease: timedelta | None = None) -> int:
         """Allocate (or claim) a version number in one transaction; the row stays invisible.
 
         ``files`` are the blobs the version will own: recorded now, so gc keeps them while the
-        push uploads and a server accepts uploads of exactly these."""
+        push uploads and a server accepts uploads of exactly these. Reservations of this model
+        whose ``lease`` expired are released first."""
         # Checked here, before SQL, so that SQLite (64-bit integers) and PostgreSQL (a 32-bit
         # column that would raise DataError) refuse the same numbers with the same error.
         if version is not None and not 1 <= version <= MAX_VERSION:
@@ -97,6 +99,8 @@ class Catalog(MirrorStates, StoreCopies):
             try:
                 with self._session() as s:
                     model = self._model_for_update(s, name)
+                    if lease is not None:  # pushes of this model that died (catalog/leases.py)
+                        self.release_expired(s, model.id, lease)
                     if version is None:
                         number = model.last_version + 1
                         if number > MAX_VERSION:

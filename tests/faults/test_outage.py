@@ -135,3 +135,15 @@ def test_an_outage_at_each_step_of_a_push_leaves_an_exact_outcome(
         tally.record(f"outage at call {at} ({step}): {outcome}", found, note=outcome)
         seed += 2
     tally.check()
+
+
+def test_the_retry_window_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.settings import Settings
+    from registry.store import open_store
+
+    env = {"REGISTRY_STORE_URL": "s3://some-bucket/x", "REGISTRY_STORE_RETRY_SECONDS": "2"}
+    settings = Settings.from_env(env)
+    assert open_store(settings.store_url, settings).retry_seconds == 2  # type: ignore[attr-defined]
+    assert Settings.from_env({}).store_retry.total_seconds() == 5
+    with pytest.raises(registry.SettingsError, match="REGISTRY_STORE_RETRY_SECONDS"):
+        Settings.from_env({**env, "REGISTRY_STORE_RETRY_SECONDS": "a while"})
