@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from . import manifest as mf
 from .cache import VerifiedFiles
 from .errors import RegistryError
 from .files import VersionFile, weight_files
 from .refs import Ref
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only in annotations: the server imports this through backends.py
+    import torch
+
     from .catalog.records import VersionRecord
 
 _CHUNK = 16 * 2**20

@@ -31,7 +31,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from registry import attachments
 from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.catalog.records import VersionRecord
@@ -46,7 +45,7 @@ from registry.errors import (
     SettingsError,
     UnexpectedUploadError,
 )
-from registry.files import ROLES, VersionFile, check_file_name, version_files
+from registry.files import MAX_FILE_BYTES, ROLES, VersionFile, check_file_name, version_files
 from registry.refs import (
     MAX_VERSION,
     parse,
@@ -359,9 +358,9 @@ def _version_file(f: PushFile) -> VersionFile:
     """A file of a push request, checked before it reaches the catalog or a store key."""
     if f.role not in ROLES:
         raise RefError(f"invalid file role {f.role[:40]!r}: use one of {', '.join(ROLES)}")
-    if f.role == "file" and f.size > attachments.MAX_FILE_BYTES:
+    if f.role == "file" and f.size > MAX_FILE_BYTES:
         raise RefError(f"file {f.name[:120]!r} is {f.size} bytes, over the limit of "
-                       f"{attachments.MAX_FILE_BYTES} bytes for a file attached to a version")
+                       f"{MAX_FILE_BYTES} bytes for a file attached to a version")
     return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
                        f.size)
 

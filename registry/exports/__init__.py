@@ -6,6 +6,23 @@ One module per format (``onnx``, ``pt2``, ``torchscript``) plus what they share 
 loads neither onnx nor onnxruntime: the ONNX module imports them when an ONNX export runs.
 """
 
-from .common import FORMATS, Artifact, ExportFormat
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .formats import FORMATS, ExportFormat
+
+if TYPE_CHECKING:
+    from .common import Artifact
 
 __all__ = ["FORMATS", "Artifact", "ExportFormat"]
+
+
+def __getattr__(name: str) -> Any:
+    # Artifact lives beside the torch code of exports; a server that only stores and lists
+    # export records imports this package without torch.
+    if name == "Artifact":
+        from .common import Artifact
+
+        return Artifact
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,15 +13,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from ..errors import ExportError, SettingsError, quoted
-
-ExportFormat = Literal["onnx", "pt2", "torchscript"]
-FORMATS: tuple[str, ...] = ("onnx", "pt2", "torchscript")
-SUFFIXES = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".pt"}
+from .formats import FORMATS, SUFFIXES, ExportFormat  # noqa: F401  (their old home)
 
 # Largest |artifact - module| accepted per unit of output magnitude, by compute dtype.
 TOLERANCES = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 1e-2,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
-from .common import FORMATS
+from .formats import FORMATS
 
 MAX_EXPORTS = 256
 MAX_RECORD_BYTES = 64 * 1024
