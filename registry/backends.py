@@ -205,8 +205,8 @@ class LocalBackend:
         manifest only once the catalog holds the version, so nothing a failed or losing
         commit leaves behind needs deleting, and a commit never deletes what another wrote.
         Once the catalog commit succeeded the push has succeeded: a store write that fails
-        after it is logged, remembered and written again by the next change of ``name``,
-        ``gc`` or ``db rebuild`` (registry/publish.py), never raised."""
+        after it is logged, remembered and written again by the next change of ``name`` or
+        by ``gc`` (registry/publish.py), never raised."""
         return self._commit(name, number, manifest, tags, aliases)[0]
 
     def _commit(self, name: str, number: int, manifest: dict[str, Any], tags: dict[str, str],
@@ -443,7 +443,7 @@ class LocalBackend:
         """
         from .exports import local as exports
 
-        manifests, retired, aliases = self.copies.read_back(self.catalog, self.store)
+        manifests, retired, aliases = self.copies.read_back(self.store)
         found = exports.stored(self)
         count = self.catalog.restore(manifests, retired, aliases)
         exports.restore(self, found)

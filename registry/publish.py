@@ -13,8 +13,8 @@ rebuild`` can restore it. The order of a push's writes (README, "Storage and gua
 So the store never holds a manifest of a version that was not committed, the last alias table
 written is the newest, and nothing a commit or an abort does deletes what another wrote. A
 write that fails after step 2 does not fail the operation (the catalog already says it
-happened): it is logged and owed, and written by the next change of that model, ``gc`` or
-``db rebuild`` (:meth:`Copies.reconcile`).
+happened): it is logged and owed, and written by the next change of that model in this
+process or by ``gc`` (:meth:`Copies.reconcile`).
 """
 
 from __future__ import annotations
@@ -72,9 +72,8 @@ class Copies:
             keys = [mf.manifest_key(name, v) for v in sorted(wanted)] + (
                 [mf.aliases_key(name)] if aliases else [])
             log.warning("%s is committed, but writing %s to the store failed (%s: %s); it is "
-                        "written again by the next change of %s, `registry gc` or "
-                        "`registry db rebuild`", name, ", ".join(keys), type(exc).__name__,
-                        exc, name)
+                        "written again by the next change of %s or `registry gc`", name,
+                        ", ".join(keys), type(exc).__name__, exc, name)
             return keys
         return []
 
@@ -108,16 +107,12 @@ class Copies:
                     written.append(mf.tombstone_key(name, v))
         return written
 
-    def read_back(self, catalog: Catalog, store: ObjectStore) -> Stored:
+    def read_back(self, store: ObjectStore) -> Stored:
         """What ``db rebuild`` restores: the live manifests sorted by (name, version), the
         retired (name, version) pairs, and the alias tables, each object validated
-        (registry/validate.py). A catalog still standing is reconciled first, so what it was
-        owed is not lost with it."""
-        try:
-            self.reconcile(catalog, store)
-        except Exception as exc:  # the catalog being replaced is often gone or empty
-            log.info("db rebuild could not reconcile the store with the old catalog first "
-                     "(%s: %s)", type(exc).__name__, exc)
+        (registry/validate.py). Nothing is written first: the catalog being replaced may be
+        an old backup, and its facts must not overwrite newer copies (``registry gc`` on a
+        live catalog writes what a failed write owed)."""
         manifests: list[dict[str, Any]] = []
         retired: set[tuple[str, int]] = set()
         for key in store.list("manifests/"):
