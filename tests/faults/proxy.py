@@ -29,6 +29,7 @@ class FaultProxy:
         self.after = 0
         self.hits = 0  # connections the fault struck (cut or stalled)
         self.down = False  # an outage: every connection refused or cut
+        self.refused = 0  # connections the outage refused or cut
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -75,6 +76,8 @@ class FaultProxy:
 
     def _serve(self, client: socket.socket) -> None:
         if self.down:
+            with self._lock:
+                self.refused += 1
             _close(client)
             return
         try:
@@ -90,6 +93,8 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 while data := src.recv(65536):
                     if self.down:
+                        with self._lock:
+                            self.refused += 1
                         break
                     if direction == "up":
                         for d in ("up", "down"):
