@@ -60,10 +60,11 @@ class PushResult:
         """What ``metadata["push"]`` says (the stored manifest never depends on it)."""
         weights = [f for f in self.files if f.role == "weights"]
         sent = [f for f in self.uploaded if f.role == "weights"]
+        owed = {"store_writes_owed": len(self.deferred)} if self.deferred else {}
         return {"shards": len(weights), "shards_uploaded": len(sent),
                 "bytes": total_size(weights), "bytes_uploaded": total_size(sent),
                 "files": len(self.files) - len(weights),
-                "files_uploaded": len(self.uploaded) - len(sent)}
+                "files_uploaded": len(self.uploaded) - len(sent), **owed}
 
 
 class Backend(Protocol):
@@ -230,8 +231,7 @@ class LocalBackend:
                 f"{len(gone)} file(s) of {origin} vanished from the store while it was "
                 f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
                 "version was not made visible: push it again", files=gone)
-        aliases = list(aliases)
-        record = self.catalog.commit(name, number, manifest, tags, aliases)
+        record = self.catalog.commit(name, number, manifest, tags, aliases := list(aliases))
         return record, self._publish(name, [number], aliases=bool(aliases))
 
     def _publish(self, name: str, versions: Iterable[int], *, aliases: bool) -> list[str]:

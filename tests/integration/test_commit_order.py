@@ -202,6 +202,7 @@ def test_a_store_failure_after_the_commit_reports_success_and_is_written_later(
     store.hooks["put_bytes"] = on("manifests/late/v1", outage)
     v1 = reg.push(trained_mlp(), "late", aliases=["prod"])
     assert v1.ref == "late:v1" and reg.show("late@prod").version == 1
+    assert v1.metadata["push"]["store_writes_owed"] == 2  # reported, not raised
     backend: Any = reg.backend
     assert backend.copies.owed() == [mf.aliases_key("late"), mf.manifest_key("late", 1)]
     assert not (home / "objects" / mf.manifest_key("late", 1)).exists()
