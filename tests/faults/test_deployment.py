@@ -1,8 +1,8 @@
 """The deployment the README describes, under a kill and an outage: two `registry serve`
 replicas over one PostgreSQL catalog and one S3 bucket (moto behind tests/faults/proxy.py),
 clients pushing to one name with an alias through both. Mid-run the store goes away for
-1.5 s (shorter than REGISTRY_STORE_RETRY_SECONDS) and one replica is SIGKILLed; its clients go
-on through the other.
+1.5 s from the first connection it refuses (shorter than REGISTRY_STORE_RETRY_SECONDS), then
+one replica is SIGKILLed; its clients go on through the other.
 
 Afterwards: every push reported as committed is visible under the number it was told, with its
 weights; every visible version was reported as committed (or its client was told the outcome
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ def test_two_replicas_survive_a_kill_and_a_store_outage_with_exact_outcomes(
     failed: dict[int, str] = {}
     lock = threading.Lock()
     b_pushed = threading.Event()
+    committed = threading.Event()
 
     def client(first: str, index: int) -> None:
         url = first
@@ -74,6 +76,7 @@ def test_two_replicas_survive_a_kill_and_a_store_outage_with_exact_outcomes(
                                  tags={"seed": str(seed)})
                     with lock:
                         told[seed] = v.version
+                    committed.set()
                     if url == b.url:
                         b_pushed.set()
                     break
@@ -97,9 +100,15 @@ def test_two_replicas_survive_a_kill_and_a_store_outage_with_exact_outcomes(
     try:
         for t in threads:
             t.start()
-        # The outage: 1.5 s, within the 5 s retry window, so no push may fail of it.
+        # The outage, once pushes are under way: 1.5 s from the first connection it refuses
+        # (within the 5 s retry window, so no push may fail of it).
+        assert committed.wait(JOIN_S), "no push committed"
         proxy.outage()
-        threading.Timer(1.5, proxy.heal).start()
+        deadline = time.monotonic() + JOIN_S
+        while proxy.refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(1.5)
+        proxy.heal()
         assert b_pushed.wait(JOIN_S), "no push through replica b committed"
         b.proc.send_signal(signal.SIGKILL)  # mid-run: its clients may be anywhere in a push
         for t in threads:
