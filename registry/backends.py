@@ -198,7 +198,8 @@ class LocalBackend:
             self.verified.remember(local, staged.digest)  # push hashed these very bytes
 
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
-                    tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
+                    tags: dict[str, str], aliases: Iterable[str], *,
+                    owed: list[str] | None = None) -> VersionRecord:
         """Make the reserved version visible with its tags and aliases, then write its
         manifest (and the alias table) to the store.
 
@@ -207,12 +208,7 @@ class LocalBackend:
         commit leaves behind needs deleting, and a commit never deletes what another wrote.
         Once the catalog commit succeeded the push has succeeded: a store write that fails
         after it is logged, remembered and written again by the next change of ``name`` or
-        by ``gc`` (registry/publish.py), never raised."""
-        return self._commit(name, number, manifest, tags, aliases)[0]
-
-    def _commit(self, name: str, number: int, manifest: dict[str, Any], tags: dict[str, str],
-                aliases: Iterable[str]) -> tuple[VersionRecord, list[str]]:
-        """:meth:`commit_push`, and the store keys a failed write left owed."""
+        by ``gc`` (registry/publish.py), never raised: their keys are added to ``owed``."""
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
@@ -232,7 +228,10 @@ class LocalBackend:
                 f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
                 "version was not made visible: push it again", files=gone)
         record = self.catalog.commit(name, number, manifest, tags, aliases := list(aliases))
-        return record, self._publish(name, [number], aliases=bool(aliases))
+        keys = self._publish(name, [number], aliases=bool(aliases))
+        if owed is not None:
+            owed += keys
+        return record
 
     def _publish(self, name: str, versions: Iterable[int], *, aliases: bool) -> list[str]:
         """Write the store's copies of ``versions``' manifests (and the alias table) from the
@@ -313,7 +312,7 @@ class LocalBackend:
         """Reserve a number, upload what the store lacks, make the version visible, then
         write its manifest (:meth:`commit_push`)."""
         files = [s.file for s in staged]
-        aliases = list(aliases)
+        aliases, deferred = list(aliases), list[str]()
         number, missing = self.begin_push(name, version, files)
         try:
             by_digest = {s.digest: s for s in staged}
@@ -322,8 +321,8 @@ class LocalBackend:
                 self.catalog.renew(name, number)
             concurrently(upload, missing, workers=UPLOAD_CONCURRENCY)
             try:
-                record, deferred = self._commit(name, number, manifest_for(number), tags,
-                                                aliases)
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases,
+                                          owed=deferred)
             except MissingBlobError as exc:
                 # A blob this push reused was deleted under it; the staged copy of a reused
                 # blob is still here (only uploads consume theirs), or is written again if
@@ -334,8 +333,8 @@ class LocalBackend:
                 log.warning("%d blob(s) of %s:v%d vanished during the push; uploading them "
                             "again", len(lost), name, number)
                 concurrently(self.upload, lost, workers=UPLOAD_CONCURRENCY)
-                record, deferred = self._commit(name, number, manifest_for(number), tags,
-                                                aliases)
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases,
+                                          owed=deferred)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.abort_push(name, number)

