@@ -50,6 +50,9 @@ _LOADING_KEYS = frozenset({"auto_map", "attn_implementation", "_attn_implementat
 _FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 _DTYPE_KEYS = frozenset({"dtype", "torch_dtype"})
 _INSTALL = "pip install 'torch-registry[hf]'"
+
+if TYPE_CHECKING:  # torch is for the push and pull paths; a server reading manifests needs none
+    from torch import nn
 log = logging.getLogger(__name__)
 
 

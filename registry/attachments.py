@@ -24,9 +24,8 @@ from . import boundedjson, safewrite
 from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .digests import HashingWriter
 from .errors import CheckpointError, NormalizationError
-from .files import StagedFile, VersionFile, check_file_name
+from .files import MAX_FILE_BYTES, StagedFile, VersionFile, check_file_name
 
-MAX_FILE_BYTES = 100 * 2**20
 WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
 _CHUNK = 1024 * 1024
 # Files HF tooling leaves in a model directory that do not belong to the model.

@@ -7,16 +7,14 @@ both run on it, so each operation has one implementation.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from . import manifest as mf
-from . import validate
 from ._progress import transfer
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
@@ -33,10 +31,11 @@ from .files import (
     version_files,
     weights_digest,
 )
-from .gc import DEFAULT_GRACE, GcReport
+from .gc import DEFAULT_GRACE, GcReport, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
+from .publish import Copies
 from .refs import Ref
-from .settings import Settings
+from .settings import DEFAULT_PUSH_LEASE, Settings
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
@@ -54,15 +53,18 @@ class PushResult:
     record: VersionRecord
     files: list[VersionFile]
     uploaded: list[VersionFile]
+    # Store keys the push committed but could not write yet (registry/publish.py).
+    deferred: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, int]:
         """What ``metadata["push"]`` says (the stored manifest never depends on it)."""
         weights = [f for f in self.files if f.role == "weights"]
         sent = [f for f in self.uploaded if f.role == "weights"]
+        owed = {"store_writes_owed": len(self.deferred)} if self.deferred else {}
         return {"shards": len(weights), "shards_uploaded": len(sent),
                 "bytes": total_size(weights), "bytes_uploaded": total_size(sent),
                 "files": len(self.files) - len(weights),
-                "files_uploaded": len(self.uploaded) - len(sent)}
+                "files_uploaded": len(self.uploaded) - len(sent), **owed}
 
 
 class Backend(Protocol):
@@ -107,15 +109,19 @@ class LocalBackend:
     """A SQL catalog plus an object store, driven in-process."""
 
     def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path, *,
-                 grace: timedelta = DEFAULT_GRACE) -> None:
+                 grace: timedelta = DEFAULT_GRACE, lease: timedelta = DEFAULT_PUSH_LEASE) -> None:
         self.catalog = catalog
         self.store = store
         # How long a reservation, a temporary file or an unreferenced blob is left to its
-        # writer before gc may remove it (REGISTRY_GC_GRACE; registry/gc.py).
+        # writer before gc may remove it (REGISTRY_GC_GRACE; registry/gc.py); a reservation
+        # silent for ``lease`` is released sooner (REGISTRY_PUSH_LEASE; catalog/leases.py).
         self.grace = grace
+        self.lease = lease
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
         self.signatures = LocalSignatures(catalog, store)
+        # The store's copies of catalog facts, and what a failed write left owed.
+        self.copies = Copies()
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -129,6 +135,7 @@ class LocalBackend:
             store or open_store(settings.store_url, settings),
             settings.cache_dir,
             grace=settings.gc_grace,
+            lease=settings.push_lease,
         )
 
     def __repr__(self) -> str:
@@ -165,7 +172,7 @@ class LocalBackend:
         # and gc keeps only blobs that a reservation or a version references.
         self.store.has(mf.blob_key(unique[0].digest))
         number = self.catalog.reserve(name, version, weights_digest(files), total_size(
-            [f for f in files if f.role == "weights"]), files)
+            [f for f in files if f.role == "weights"]), files, lease=self.lease)
         held = concurrently(lambda f: self._holds(mf.blob_key(f.digest), f.digest, f.size),
                             unique)
         return number, [f for f, ok in zip(unique, held, strict=True) if not ok]
@@ -190,8 +197,17 @@ class LocalBackend:
             self.verified.remember(local, staged.digest)  # push hashed these very bytes
 
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
-                    tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
-        """Write the manifest, then make the reserved version visible with its tags and aliases."""
+                    tags: dict[str, str], aliases: Iterable[str], *,
+                    owed: list[str] | None = None) -> VersionRecord:
+        """Make the reserved version visible with its tags and aliases, then write its
+        manifest (and the alias table) to the store.
+
+        The order is the guarantee (README, "Storage and guarantees"): the store gets a
+        manifest only once the catalog holds the version, so nothing a failed or losing
+        commit leaves behind needs deleting, and a commit never deletes what another wrote.
+        Once the catalog commit succeeded the push has succeeded: a store write that fails
+        after it is logged, remembered and written again by the next change of ``name`` or
+        by ``gc`` (registry/publish.py), never raised: their keys are added to ``owed``."""
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
@@ -202,25 +218,24 @@ class LocalBackend:
                 f"{f.role} file {f.name} ({f.digest}) of {origin} is not in the store "
                 f"({have or 0} of {f.size} bytes); upload it before committing",
                 files=[f for f, _ in absent])
-        self.store.put_bytes(mf.manifest_key(name, number), mf.dumps(manifest))
-        try:
-            # Checked again now that the manifest is written: a gc that chose a blob before
-            # this push reserved it may have deleted it since (registry/gc.py, rule 3).
-            gone = [f for f, _ in self._absent(files)]
-            if gone:
-                raise MissingBlobError(
-                    f"{len(gone)} file(s) of {origin} vanished from the store while it was "
-                    f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
-                    "version was not made visible: push it again", files=gone)
-            record = self.catalog.commit(name, number, manifest, tags, aliases)
-        except BaseException:
-            # A manifest without a committed row would come back on `registry db rebuild`.
-            with contextlib.suppress(Exception):
-                self.store.delete(mf.manifest_key(name, number))
-            raise
-        if record.aliases:
-            self._write_aliases(name)
+        # Checked again right before the commit: a gc that chose a blob before this push
+        # reserved it may have deleted it since (registry/gc.py, rule 3).
+        gone = [f for f, _ in self._absent(files)]
+        if gone:
+            raise MissingBlobError(
+                f"{len(gone)} file(s) of {origin} vanished from the store while it was "
+                f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
+                "version was not made visible: push it again", files=gone)
+        record = self.catalog.commit(name, number, manifest, tags, aliases := list(aliases))
+        keys = self._publish(name, [number], aliases=bool(aliases))
+        if owed is not None:
+            owed += keys
         return record
+
+    def _publish(self, name: str, versions: Iterable[int], *, aliases: bool) -> list[str]:
+        """Write the store's copies of ``versions``' manifests (and the alias table) from the
+        catalog; never raises (registry/publish.py)."""
+        return self.copies.publish(self.catalog, self.store, name, versions, aliases=aliases)
 
     def _absent(self, files: Sequence[VersionFile]) -> list[tuple[VersionFile, int | None]]:
         """Each of ``files`` the store lacks or holds at another size, with the size it has."""
@@ -236,7 +251,14 @@ class LocalBackend:
             raise UnexpectedUploadError(
                 f"no push in progress lists blob {digest}: begin the push first (POST "
                 "/api/v1/models/NAME/pushes) and upload only the files it asks for")
+        self.catalog.renew_listing(digest)  # a sign of life of the push: its lease holds
         return size
+
+    def committed_push(self, name: str, number: int,
+                       manifest: dict[str, Any]) -> VersionRecord | None:
+        """The record of ``name:vN`` if a commit of exactly ``manifest`` made it visible (the
+        answer to a retried commit), else None."""
+        return self.catalog.committed(name, number, manifest)
 
     def reservation(self, name: str, number: int) -> Reservation:
         """The push in progress for ``name:vN``; NotFoundError if there is none."""
@@ -272,9 +294,10 @@ class LocalBackend:
                                                  path.stat().st_size)))
 
     def abort_push(self, name: str, number: int) -> None:
-        """Drop a reservation; its number stays retired and no manifest is left behind."""
+        """Drop a reservation; its number stays retired. Nothing in the store is deleted: a
+        push writes its manifest only after its commit, so an aborted one wrote none, and a
+        commit that won a race with this abort keeps everything it wrote."""
         self.catalog.abort(name, number)
-        self.store.delete(mf.manifest_key(name, number))
 
     def push(
         self,
@@ -285,16 +308,20 @@ class LocalBackend:
         tags: dict[str, str],
         aliases: Iterable[str],
     ) -> PushResult:
-        """Reserve a number, upload what the store lacks, write the manifest, then make the
-        version visible."""
+        """Reserve a number, upload what the store lacks, make the version visible, then
+        write its manifest (:meth:`commit_push`)."""
         files = [s.file for s in staged]
+        aliases, deferred = list(aliases), list[str]()
         number, missing = self.begin_push(name, version, files)
         try:
             by_digest = {s.digest: s for s in staged}
-            concurrently(lambda f: self.upload(by_digest[f.digest]), missing,
-                         workers=UPLOAD_CONCURRENCY)
+            def upload(f: VersionFile) -> None:  # each a sign of life: the lease holds
+                self.upload(by_digest[f.digest])
+                self.catalog.renew(name, number)
+            concurrently(upload, missing, workers=UPLOAD_CONCURRENCY)
             try:
-                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases,
+                                          owed=deferred)
             except MissingBlobError as exc:
                 # A blob this push reused was deleted under it; the staged copy of a reused
                 # blob is still here (only uploads consume theirs), or is written again if
@@ -305,12 +332,13 @@ class LocalBackend:
                 log.warning("%d blob(s) of %s:v%d vanished during the push; uploading them "
                             "again", len(lost), name, number)
                 concurrently(self.upload, lost, workers=UPLOAD_CONCURRENCY)
-                record = self.commit_push(name, number, manifest_for(number), tags, aliases)
+                record = self.commit_push(name, number, manifest_for(number), tags, aliases,
+                                          owed=deferred)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.abort_push(name, number)
             raise
-        return PushResult(record, files, missing)
+        return PushResult(record, files, missing, deferred)
 
     # -- pull -----------------------------------------------------------------------------
 
@@ -346,18 +374,17 @@ class LocalBackend:
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
         record = self.catalog.set_alias(name, alias, version)
-        self._write_aliases(name)
+        self._publish(name, (), aliases=True)
         return record
 
     def delete_alias(self, name: str, alias: str) -> None:
         self.catalog.delete_alias(name, alias)
-        self._write_aliases(name)
+        self._publish(name, (), aliases=True)
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         record = self.catalog.set_tags(name, version, tags)
         # The store copy of the manifest carries the tags too, so a rebuild restores them.
-        self.store.put_bytes(mf.manifest_key(name, version),
-                             mf.dumps({**record.manifest, "tags": record.tags}))
+        self._publish(name, [version], aliases=False)
         return record
 
     def delete_version(self, name: str, version: int, *,
@@ -368,7 +395,7 @@ class LocalBackend:
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
         exports.drop(self, name, version)
-        self._write_aliases(name, allow_missing=True)
+        self._publish(name, (), aliases=True)
         return record
 
     def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
@@ -382,15 +409,6 @@ class LocalBackend:
         from .exports import local as exports
 
         return exports.register(self, name, version, record, path)
-
-    def _write_aliases(self, name: str, *, allow_missing: bool = False) -> None:
-        try:
-            table = self.catalog.aliases(name)
-        except NotFoundError:
-            if not allow_missing:
-                raise
-            table = {}
-        self.store.put_bytes(mf.aliases_key(name), json.dumps(table, sort_keys=True).encode())
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -408,43 +426,25 @@ class LocalBackend:
         if isinstance(self.store, Staging):
             temporary.append(self.store.staging_dir)
         def drop_stale() -> int:
-            return self.catalog.drop_stale_pending(
-                older_than=self.grace,
-                before_drop=lambda name, n: self.store.delete(mf.manifest_key(name, n)))
+            return self.catalog.drop_stale_pending(older_than=min(self.grace, self.lease))
 
-        return collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
-                       cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
+        report = collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
+                         cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
+        report.reconciled = self.copies.reconcile(self.catalog, self.store)
+        report.orphan_manifests = orphan_manifests(self.store, self.catalog.version_states(),
+                                                   grace=self.grace)
+        return report
 
     def rebuild(self) -> int:
         """Rebuild the catalog from the store alone; return the number of versions restored.
-
-        Every store object (manifests, export and signature lists) is checked first; one the
-        registry cannot have written (``manifests/../../evil/v1.json``, bad JSON, a manifest
-        failing its schema or digest) refuses the rebuild, naming it; the catalog is unchanged.
-        """
-        manifests: list[dict[str, Any]] = []
-        retired: set[tuple[str, int]] = set()
-        for key in self.store.list("manifests/"):
-            name, version, suffix = validate.manifest_key(key)
-            if suffix == ".json":
-                data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
-                manifests.append(validate.stored_manifest(
-                    mf.loads(data, origin=key), name=name, version=version, origin=key))
-            elif suffix == ".deleted":
-                retired.add((name, version))
-        aliases: dict[str, dict[str, int]] = {}
-        for key in self.store.list("aliases/"):
-            name = validate.aliases_key(key)
-            data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
-            aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
-        # A tombstone is written before its manifest is removed: if both are there, the
-        # deletion happened.
-        manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
-        manifests.sort(key=lambda m: (m["name"], m["version"]))
+        Every store object is checked first; one the registry cannot have written (a key such as
+        ``manifests/../../evil/v1.json``, bad JSON, a manifest failing its schema or digest, a bad
+        export or signature list) refuses the rebuild, naming it; the catalog is unchanged."""
         from .exports import local as exports
+
+        manifests, retired, aliases = self.copies.read_back(self.store)
         found, signed = exports.stored(self), self.signatures.stored()
-        count = self.catalog.restore(manifests, sorted(retired), aliases)
+        count = self.catalog.restore(manifests, retired, aliases)
         exports.restore(self, found)
         self.signatures.restore(signed)
         return count
-

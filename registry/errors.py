@@ -25,6 +25,7 @@
     ├── ExportError                            an export the exporter cannot do or that differs
     ├── StoreUnavailableError (ConnectionError)
     ├── CatalogUnavailableError (ConnectionError)
+    ├── ServerUnavailableError (ConnectionError)  a registry server that does not answer
     ├── MlflowUnavailableError (ConnectionError)
     ├── SchemaOutOfDateError                   a catalog behind the code's migrations
     ├── UnauthorizedError (PermissionError)    a missing, wrong or revoked token (HTTP 401)
@@ -238,6 +239,14 @@ class CatalogUnavailableError(RegistryError, ConnectionError):
     """The catalog database cannot be reached."""
 
     code = "catalog_unavailable"
+    exit_code = 9
+
+
+class ServerUnavailableError(RegistryError, ConnectionError):
+    """A registry server that cannot be reached (refused, reset, timed out): the server is
+    down, not its catalog (which the server reports as :class:`CatalogUnavailableError`)."""
+
+    code = "server_unavailable"
     exit_code = 9
 
 

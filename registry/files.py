@@ -30,6 +30,8 @@ from .errors import DigestMismatchError, ManifestError, RefError
 Role = Literal["weights", "file", "export", "signature"]
 # Roles a push may list (exports are registered after the version exists).
 ROLES: tuple[str, ...] = ("weights", "file")
+# The largest file attached to a version (registry/attachments.py; a server refuses more).
+MAX_FILE_BYTES = 100 * 2**20
 
 _PART_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}")
 MAX_NAME_PARTS = 8

@@ -54,6 +54,10 @@ class GcReport:
     # Objects under blobs/ that are not blobs/sha256/<hex>: skipped, never deleted (named in
     # the log), so one stray object cannot stop every gc.
     unknown: int = 0
+    # Store writes a commit owed and gc made (manifests, tombstones, alias tables), and
+    # manifests of versions neither committed nor pending that gc removed.
+    reconciled: list[str] = field(default_factory=list)
+    orphan_manifests: list[str] = field(default_factory=list)
 
 
 def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: timedelta,
@@ -97,6 +101,35 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
              "temporary files (%d bytes)", len(report.deleted), report.freed_bytes, report.kept,
              report.young, grace, report.temporary_files, report.temporary_bytes)
     return report
+
+
+def orphan_manifests(store: ObjectStore,
+                     states: dict[tuple[str, int], tuple[str, datetime]], *,
+                     grace: timedelta) -> list[str]:
+    """Delete manifests of versions the catalog neither holds nor has a push in progress for
+    (``states``: (name, version) -> (state, reserved at)), once older than ``grace``; return
+    their keys. Such a manifest can only be left by a crash of an older registry, which wrote
+    manifests before the commit; `db rebuild` would otherwise restore a version never
+    visible, whose blobs gc freed."""
+    from .validate import manifest_key
+
+    now = datetime.now(timezone.utc)
+    removed = []
+    for key in list(store.list("manifests/")):
+        try:
+            name, version, suffix = manifest_key(key)
+        except ValueError:
+            continue  # not ours to judge: `db rebuild` names it
+        if suffix != ".json" or (name, version) in states:
+            continue  # ready; pending (in progress, or dropped by its grace); deleted (the
+            # tombstone written by reconcile says so)
+        modified = store.modified(key)
+        if modified is None or now - modified < grace:
+            continue
+        store.delete(key)
+        removed.append(key)
+        log.info("gc removed %s: no such version was committed", key)
+    return removed
 
 
 def blob_digest(key: str) -> str:

@@ -12,7 +12,9 @@ RegistryError subclass the server raised, with the same message.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -25,10 +27,10 @@ from .cache import BlobCache
 from .catalog.records import VersionRecord
 from .digests import HashingWriter, check_digest
 from .errors import (
-    CatalogUnavailableError,
     DigestMismatchError,
     RefError,
     RegistryError,
+    ServerUnavailableError,
     SettingsError,
     StoreUnavailableError,
     quoted,
@@ -52,7 +54,12 @@ from .wire import API, error_class, record_from_wire
 if TYPE_CHECKING:
     import httpx
 
+log = logging.getLogger(__name__)
+
 _CHUNK = 1024 * 1024
+# Pauses between tries of a commit whose server did not answer: a restart of a replica behind
+# a load balancer or a blip of a few seconds is ridden out.
+_COMMIT_RETRY_PAUSES = (0.5, 1.0, 2.0, 4.0)
 _DOWNLOAD_ATTEMPTS = 3
 _MAX_MESSAGE = 2000
 
@@ -100,7 +107,7 @@ class RemoteBackend:
         try:
             response = self._client().request(method, API + path, **kwargs)
         except httpx.TransportError as exc:
-            raise CatalogUnavailableError(
+            raise ServerUnavailableError(
                 f"registry server {self.url} is unreachable ({type(exc).__name__}: {exc}); "
                 "check that `registry serve` runs there and REGISTRY_URI is right"
             ) from None
@@ -148,10 +155,10 @@ class RemoteBackend:
             concurrently(lambda job: self._upload(job[0], job[1].ensure(), job[1].size,
                                                   job[1].digest),
                          uploads, workers=UPLOAD_CONCURRENCY)
-            record = record_from_wire(self._call(
-                "POST", f"/models/{_seg(name)}/pushes/{number}/commit",
-                json={"manifest": (manifest := manifest_for(number)), "tags": tags,
-                      "aliases": list(aliases), **self.signatures.commit_fields(manifest)}))
+            manifest = manifest_for(number)
+            record = record_from_wire(self._commit(name, number, {
+                "manifest": manifest, "tags": tags, "aliases": list(aliases),
+                **self.signatures.commit_fields(manifest)}))
         except BaseException:
             with contextlib.suppress(Exception):
                 self._call("DELETE", f"/models/{_seg(name)}/pushes/{number}")
@@ -159,6 +166,25 @@ class RemoteBackend:
         for s in staged:
             self._keep_in_cache(s.path, s.digest)
         return PushResult(record, files, [s.file for _, s in uploads])
+
+    def _commit(self, name: str, number: int, body: dict[str, Any]) -> Any:
+        """POST the commit, again with the same body while the server cannot be reached: a
+        commit is idempotent (the server answers a repeat of one that went through with its
+        version), so a lost answer never turns a committed push into a failure or a
+        duplicate."""
+        path = f"/models/{_seg(name)}/pushes/{number}/commit"
+        for pause in (*_COMMIT_RETRY_PAUSES, None):
+            try:
+                return self._call("POST", path, json=body)
+            except ServerUnavailableError as exc:
+                if pause is None:
+                    raise ServerUnavailableError(
+                        f"{exc}; the commit of {name}:v{number} may have gone through: "
+                        f"`registry show {name}:v{number}` says") from None
+                log.warning("commit of %s:v%d: %s; trying again in %.1fs", name, number, exc,
+                            pause)
+                time.sleep(pause)
+        raise AssertionError("unreachable")
 
     def _upload(self, target: dict[str, Any], blob: Path, size: int, digest: str) -> None:
         import httpx
@@ -351,8 +377,8 @@ def _raise_for_error(response: Any, base: str) -> None:
         code, message = str(error["code"])[:64], str(error["message"])
     except (ValueError, KeyError, TypeError):
         if response.status_code >= 500:
-            raise CatalogUnavailableError(f"registry server {base} failed with HTTP "
-                                          f"{response.status_code}; see the server log") from None
+            raise ServerUnavailableError(f"registry server {base} failed with HTTP "
+                                         f"{response.status_code}; see the server log") from None
         raise RegistryError(f"registry server {base} answered HTTP {response.status_code} "
                             "without an error body; is REGISTRY_URI a registry server?") from None
     if len(message) > _MAX_MESSAGE:  # a hostile server must not flood logs or terminals

@@ -25,6 +25,8 @@
 | REGISTRY_TRUSTED_KEYS       | unset (PEM public keys, ':'-separated)|
 | REGISTRY_TRUSTED_CERTS      | unset (PEM CA certificates, ':'-sep.) |
 | REGISTRY_REQUIRE_SIGNED     | false (server: commits must be signed)|
+| REGISTRY_STORE_RETRY_SECONDS| 5s (S3 operations retried this long)  |
+| REGISTRY_PUSH_LEASE         | 15m (a silent push's reservation)     |
 
 ``REGISTRY_OCI_AUTH`` holds OCI registry credentials as a JSON object keyed by ``HOST[:PORT]``,
 each entry either ``{"username": U, "password": P}``, ``{"auth": base64("U:P")}`` (the entry of
@@ -52,6 +54,11 @@ VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
 DEFAULT_GC_GRACE = timedelta(hours=6)
+# How long an S3 operation is tried again, with backoff, while the endpoint does not answer:
+# a blip of a second or two is invisible to callers, a dead endpoint fails within seconds.
+DEFAULT_STORE_RETRY = timedelta(seconds=5)
+# A push renews its reservation with each upload; one silent this long died (catalog/leases.py).
+DEFAULT_PUSH_LEASE = timedelta(minutes=15)
 # Two threads mapping pages kept a cold 806 MB pull 13% ahead of one here (virtio disk).
 DEFAULT_PREFAULT_THREADS = 2
 # S3 transfers: parts of 16 MiB, 8 in flight per object (s3transfer buffers a few parts per
@@ -113,6 +120,10 @@ class Settings:
     trusted_certs: tuple[Path, ...] = ()
     # Server: a commit must carry a signature by a trusted key or certificate.
     require_signed: bool = False
+    # Window over which S3 operations are retried (registry/store/s3.py).
+    store_retry: timedelta = DEFAULT_STORE_RETRY
+    # How long a push's reservation outlives its last sign of life (registry/catalog/leases.py).
+    push_lease: timedelta = DEFAULT_PUSH_LEASE
 
     @property
     def auth_path(self) -> Path:
@@ -169,6 +180,8 @@ class Settings:
         concurrency_raw = env.get("REGISTRY_S3_CONCURRENCY") or None
         oci_auth_raw = env.get("REGISTRY_OCI_AUTH") or None
         ca_raw = env.get("REGISTRY_OCI_CA_BUNDLE") or None
+        retry_raw = env.get("REGISTRY_STORE_RETRY_SECONDS") or None
+        lease_raw = env.get("REGISTRY_PUSH_LEASE") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -208,6 +221,10 @@ class Settings:
                                      "REGISTRY_TRUSTED_CERTS"),
             require_signed=_bool(env.get("REGISTRY_REQUIRE_SIGNED"), "REGISTRY_REQUIRE_SIGNED",
                                  False),
+            store_retry=parse_duration(retry_raw, "REGISTRY_STORE_RETRY_SECONDS")
+            if retry_raw else DEFAULT_STORE_RETRY,
+            push_lease=parse_duration(lease_raw, "REGISTRY_PUSH_LEASE")
+            if lease_raw else DEFAULT_PUSH_LEASE,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

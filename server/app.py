@@ -31,21 +31,25 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from registry import attachments
 from registry import manifest as mf
 from registry.backends import LocalBackend
-from registry.catalog.repository import Reservation
 from registry.digests import HashingWriter, check_digest
 from registry.direct_uploads import verify_blobs
 from registry.errors import (
     DigestMismatchError,
-    ManifestError,
+    NotFoundError,
     RefError,
     RegistryError,
     SettingsError,
     UnexpectedUploadError,
 )
-from registry.files import ROLES, VersionFile, check_file_name, check_push_files, version_files
+from registry.files import (
+    MAX_FILE_BYTES,
+    ROLES,
+    VersionFile,
+    check_file_name,
+    check_push_files,
+)
 from registry.refs import (
     MAX_VERSION,
     parse,
@@ -61,6 +65,7 @@ from registry.wire import API, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
+from .commits import checked_manifest, repeated_commit
 from .exports import add_export_routes
 from .signatures import add_signature_routes
 
@@ -260,8 +265,15 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
         name, number = validate_name(name), validate_version(version)
         tags = cast(dict[str, str], validate_tags(body.tags))
         aliases = validate_aliases(body.aliases)
-        reserved = local.reservation(name, number)
-        manifest = _checked_manifest(body.manifest, name, number, reserved, tags)
+        try:
+            reserved = local.reservation(name, number)
+        except NotFoundError:
+            # A retry of a commit that went through (its answer was lost): the same answer.
+            done = repeated_commit(local, name, number, body.manifest, tags)
+            if done is None:
+                raise
+            return record_to_wire(done)
+        manifest = checked_manifest(body.manifest, name, number, reserved, tags)
         signed = signing.admit(body.signature, manifest)  # refused before it is visible
         # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
         verify_blobs(local.store, reserved.files, local.staging_dir())
@@ -363,9 +375,9 @@ def _version_file(f: PushFile) -> VersionFile:
     """A file of a push request, checked before it reaches the catalog or a store key."""
     if f.role not in ROLES:
         raise RefError(f"invalid file role {f.role[:40]!r}: use one of {', '.join(ROLES)}")
-    if f.role == "file" and f.size > attachments.MAX_FILE_BYTES:
+    if f.role == "file" and f.size > MAX_FILE_BYTES:
         raise RefError(f"file {f.name[:120]!r} is {f.size} bytes, over the limit of "
-                       f"{attachments.MAX_FILE_BYTES} bytes for a file attached to a version")
+                       f"{MAX_FILE_BYTES} bytes for a file attached to a version")
     return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
                        f.size)
 
@@ -406,21 +418,3 @@ async def receive_blob(local: LocalBackend, digest: str, request: Request,
         return {"digest": digest, "size": size}
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _checked_manifest(manifest: dict[str, Any], name: str, number: int,
-                      reserved: Reservation, tags: dict[str, str]) -> dict[str, Any]:
-    """The client's manifest, refused unless it is valid and describes exactly the reserved
-    push: its name, number, weights digest and the very files the reservation lists."""
-    origin = f"{name}:v{number}"
-    checked = mf.validate(manifest, origin=f"manifest of {origin}")
-    listed = sorted((f.role, f.name, f.digest, f.size) for f in version_files(checked))
-    expected = sorted((f.role, f.name, f.digest, f.size) for f in reserved.files)
-    if (checked["name"], checked["version"], checked["digest"]) != (name, number,
-                                                                    reserved.digest) \
-            or listed != expected:
-        raise ManifestError(f"manifest of {origin} does not describe the reserved push (name, "
-                            f"version, digest {reserved.digest} and its {len(expected)} files "
-                            "must match what the push began with)")
-    checked["tags"] = tags
-    return checked

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,7 +17,9 @@ from ..errors import NotFoundError, RefError, VersionAliasedError, VersionExists
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
+from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
+from .leases import Leases
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
@@ -40,7 +42,7 @@ class Reservation:
     files: list[VersionFile]
 
 
-class Catalog(MirrorStates):
+class Catalog(MirrorStates, StoreCopies, Leases):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -83,11 +85,12 @@ class Catalog(MirrorStates):
     # -- push -----------------------------------------------------------------------------
 
     def reserve(self, name: str, version: int | None, digest: str, size_bytes: int,
-                files: Sequence[VersionFile]) -> int:
+                files: Sequence[VersionFile], *, lease: timedelta | None = None) -> int:
         """Allocate (or claim) a version number in one transaction; the row stays invisible.
 
         ``files`` are the blobs the version will own: recorded now, so gc keeps them while the
-        push uploads and a server accepts uploads of exactly these."""
+        push uploads and a server accepts uploads of exactly these. Reservations of this model
+        whose ``lease`` expired are released first."""
         # Checked here, before SQL, so that SQLite (64-bit integers) and PostgreSQL (a 32-bit
         # column that would raise DataError) refuse the same numbers with the same error.
         if version is not None and not 1 <= version <= MAX_VERSION:
@@ -96,6 +99,8 @@ class Catalog(MirrorStates):
             try:
                 with self._session() as s:
                     model = self._model_for_update(s, name)
+                    if lease is not None:  # pushes of this model that died (catalog/leases.py)
+                        self.release_expired(s, model.id, lease)
                     if version is None:
                         number = model.last_version + 1
                         if number > MAX_VERSION:
@@ -144,26 +149,33 @@ class Catalog(MirrorStates):
     def commit(self, name: str, version: int, manifest: dict[str, Any],
                tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
         """Make a reserved version visible, with its manifest, tags and aliases."""
+        stored = json.dumps(manifest, sort_keys=True)
         with self._session() as s:
             # Lock the model row: concurrent commits that move the same alias would otherwise
             # both insert it on PostgreSQL and one would fail on the primary key.
             model = self._model(s, name, live=False, lock=True)
+            done = self.committed(name, version, manifest, session=s, model=model)
+            if done is not None:  # a retry of this very commit: its outcome, not an error
+                return done
             row = self._row(s, model, version, states=(PENDING,))
             row.state = READY
-            row.manifest = json.dumps(manifest, sort_keys=True)
+            row.manifest = stored
             row.tags = json.dumps(tags, sort_keys=True)
             for alias in aliases:
                 self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
 
-    def abort(self, name: str, version: int) -> None:
-        """Drop a reservation whose push failed; its number stays retired."""
+    def abort(self, name: str, version: int) -> bool:
+        """Drop a reservation whose push failed; its number stays retired. Returns whether
+        this call dropped it: a commit that won the race keeps its version."""
         with self._session() as s:
             model = s.scalar(select(ModelRow).where(ModelRow.name == name))
-            if model is not None:
-                s.execute(delete(VersionRow).where(
-                    VersionRow.model_id == model.id, VersionRow.version == version,
-                    VersionRow.state == PENDING))
+            if model is None:
+                return False
+            gone = s.execute(delete(VersionRow).where(
+                VersionRow.model_id == model.id, VersionRow.version == version,
+                VersionRow.state == PENDING))
+            return bool(gone.rowcount)  # type: ignore[attr-defined]
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -254,7 +266,7 @@ class Catalog(MirrorStates):
 
     def delete_alias(self, name: str, alias: str) -> None:
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes with publish
             gone = s.execute(delete(AliasRow).where(
                 AliasRow.model_id == model.id, AliasRow.alias == alias))
             if not gone.rowcount:  # type: ignore[attr-defined]
@@ -263,7 +275,7 @@ class Catalog(MirrorStates):
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         """Merge ``tags`` into the version's tags; a None value removes that key."""
         with self._session() as s:
-            model = self._model(s, name)
+            model = self._model(s, name, lock=True)  # serializes with publish
             row = self._row(s, model, version)
             merged = json.loads(row.tags)
             for key, value in tags.items():
@@ -282,7 +294,7 @@ class Catalog(MirrorStates):
         """Turn the version into a tombstone: invisible, its number retired, aliases dropped.
         A version aliases point at is refused unless ``force``: their consumers would break."""
         with self._session() as s:
-            model = self._model(s, name, lock=True)  # no alias may move onto it meanwhile
+            model = self._model(s, name, lock=True)  # serializes with publish and alias moves
             row = self._row(s, model, version)
             record = self._record(s, model, row)
             if record.aliases and not force:
@@ -324,26 +336,6 @@ class Catalog(MirrorStates):
                               .where(VersionFileRow.digest == digest,
                                      VersionRow.state == PENDING)).all()
             return max(int(size) for size in sizes) if sizes else None
-
-    def drop_stale_pending(self, *, older_than: timedelta = timedelta(hours=6),
-                           before_drop: Callable[[str, int], None] | None = None) -> int:
-        """Forget reservations of pushes that died; their numbers stay retired.
-
-        ``before_drop(name, version)`` runs for each before its row goes (and a failure keeps
-        the row): gc removes the manifest a push killed between writing it and committing left
-        in the store, which `db rebuild` would otherwise restore without the blobs gc frees.
-        """
-        with self._session() as s:
-            rows = s.execute(select(VersionRow, ModelRow.name)
-                             .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                             .where(VersionRow.state == PENDING)).all()
-            cutoff = _now() - older_than
-            stale = [(r, name) for r, name in rows if aware(r.created_at) < cutoff]
-            for r, name in stale:
-                if before_drop is not None:
-                    before_drop(name, r.version)
-                s.delete(r)
-            return len(stale)
 
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
                 aliases: dict[str, dict[str, int]]) -> int:

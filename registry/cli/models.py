@@ -239,6 +239,9 @@ def gc(ctx: click.Context) -> None:
         click.echo(f"removed {report.temporary_files} temporary file(s) of crashed pushes and "
                    f"downloads ({human_bytes(report.temporary_bytes)}), dropped "
                    f"{report.stale_pushes} stale push reservation(s)")
+    if report.reconciled or report.orphan_manifests:
+        click.echo(f"wrote {len(report.reconciled)} store copies the catalog was owed, removed "
+                   f"{len(report.orphan_manifests)} manifest(s) of versions never committed")
 
 
 COMMANDS = [push, pull, ls, show, alias, tag, rm, gc]

@@ -10,3 +10,4 @@ loads neither onnx nor onnxruntime: the ONNX module imports them when an ONNX ex
 from .artifact import FORMATS, Artifact, ExportFormat
 
 __all__ = ["FORMATS", "Artifact", "ExportFormat"]
+

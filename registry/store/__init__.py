@@ -107,7 +107,8 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
         return S3Store.from_url(url, endpoint_url=settings.s3_endpoint_url,
                                 max_attempts=settings.s3_max_attempts,
                                 part_size=settings.s3_part_size,
-                                concurrency=settings.s3_concurrency)
+                                concurrency=settings.s3_concurrency,
+                                retry_seconds=settings.store_retry.total_seconds())
     raise SettingsError(f"store URL {url!r} is not supported; use file:///path or s3://bucket/prefix")
 
 

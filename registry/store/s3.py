@@ -19,7 +19,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,13 +31,14 @@ from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableErr
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from . import Progress
+from .retry import DEFAULT_RETRY_SECONDS, TRANSIENT_CODES, Backoff, T, Unreachable, retried
 
 DEFAULT_REGION = "us-east-1"
 # Defaults: parts of 16 MiB, 8 in flight per object (REGISTRY_S3_PART_SIZE and
 # REGISTRY_S3_CONCURRENCY change them; s3transfer buffers at most max_io_queue parts).
 PART_SIZE = DEFAULT_S3_PART_SIZE
 CONCURRENCY = DEFAULT_S3_CONCURRENCY
-MAX_ATTEMPTS = 4  # the first try and three retries: a few seconds of backoff, not minutes
+MAX_ATTEMPTS = 4  # botocore's tries of one call; retry.py retries operations over a window
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 PRESIGN_EXPIRES_S = 3600
@@ -60,8 +61,10 @@ class S3Store:
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, max_attempts: int | None = None,
-                 part_size: int = PART_SIZE, concurrency: int = CONCURRENCY) -> None:
+                 part_size: int = PART_SIZE, concurrency: int = CONCURRENCY,
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS) -> None:
         self.bucket = bucket
+        self.retry_seconds = retry_seconds
         self.part_size = part_size
         self.concurrency = concurrency
         self.prefix = prefix.strip("/")
@@ -75,7 +78,8 @@ class S3Store:
     @classmethod
     def from_url(cls, url: str, endpoint_url: str | None = None,
                  max_attempts: int | None = None, *, part_size: int = PART_SIZE,
-                 concurrency: int = CONCURRENCY) -> S3Store:
+                 concurrency: int = CONCURRENCY,
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS) -> S3Store:
         """Parse ``s3://bucket[/prefix]``; ``endpoint_url`` points at MinIO or another service."""
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
@@ -100,7 +104,7 @@ class S3Store:
                     "REGISTRY_S3_ENDPOINT_URL to e.g. http://localhost:9000"
                 )
         return cls(bucket, prefix, endpoint_url=endpoint_url, max_attempts=max_attempts,
-                   part_size=part_size, concurrency=concurrency)
+                   part_size=part_size, concurrency=concurrency, retry_seconds=retry_seconds)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint_url={self.where})"
@@ -172,16 +176,18 @@ class S3Store:
     def _head(self, key: str) -> dict[str, Any] | None:
         """The object's HEAD answer, or None if there is no such object."""
         full = self._key(key)
-        try:
-            with self._mapped_errors(key, missing_ok=True):
-                return dict(self.client.head_object(Bucket=self.bucket, Key=full))
-        except _Missing:
-            return None
+
+        def head() -> dict[str, Any] | None:
+            try:
+                with self._mapped_errors(key, missing_ok=True):
+                    return dict(self.client.head_object(Bucket=self.bucket, Key=full))
+            except _Missing:
+                return None
+        return self._retried(head)
 
     def etag(self, key: str) -> str | None:
         """The object's ETag (changes whenever its bytes are written), or None if it is absent."""
-        head = self._head(key)
-        return None if head is None else str(head.get("ETag", ""))
+        return None if (head := self._head(key)) is None else str(head.get("ETag", ""))
 
     def put_file(self, key: str, path: Path, *, move: bool = False,
                  progress: Progress | None = None) -> None:
@@ -193,24 +199,34 @@ class S3Store:
         with contextlib.ExitStack() as stack:
             if progress is None:
                 progress = stack.enter_context(transfer(size, f"push {Path(key).name[:12]}"))
-            with self._mapped_errors(key), \
-                    create_transfer_manager(self.client, self._transfer_config()) as manager:
-                future = manager.upload(str(path), self.bucket, full,
-                                        subscribers=[ProgressCallbackInvoker(progress)])
-                future.result()
+            shown = progress
+
+            def upload() -> None:
+                with self._mapped_errors(key), \
+                        create_transfer_manager(self.client, self._transfer_config()) as manager:
+                    future = manager.upload(str(path), self.bucket, full,
+                                            subscribers=[ProgressCallbackInvoker(shown)])
+                    future.result()
+            self._retried(upload)
         if move:
             Path(path).unlink(missing_ok=True)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         full = self._key(key)
-        with self._mapped_errors(key):
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
+
+        def put() -> None:
+            with self._mapped_errors(key):
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
+        self._retried(put)
 
     def get_bytes(self, key: str) -> bytes:
         full = self._key(key)
-        with self._mapped_errors(key):
-            response = self.client.get_object(Bucket=self.bucket, Key=full)
-            return bytes(response["Body"].read())
+
+        def get() -> bytes:
+            with self._mapped_errors(key):
+                response = self.client.get_object(Bucket=self.bucket, Key=full)
+                return bytes(response["Body"].read())
+        return self._retried(get)
 
     def get_head(self, key: str, length: int) -> bytes:
         """The first ``length`` bytes of the object (a ranged GET)."""
@@ -229,11 +245,14 @@ class S3Store:
 
         full = self._key(key)
         subscribers = [ProgressCallbackInvoker(progress)] if progress else None
-        with open(path, "wb", buffering=0) as fh, self._mapped_errors(key), \
-                create_transfer_manager(self.client, self._transfer_config()) as manager, \
-                HashingWriter(fh) as writer:
-            manager.download(self.bucket, full, writer, subscribers=subscribers).result()
-        return writer.digest()
+
+        def download() -> str:  # each try starts the file again
+            with open(path, "wb", buffering=0) as fh, self._mapped_errors(key), \
+                    create_transfer_manager(self.client, self._transfer_config()) as manager, \
+                    HashingWriter(fh) as writer:
+                manager.download(self.bucket, full, writer, subscribers=subscribers).result()
+            return writer.digest()
+        return self._retried(download)
 
     def open_local(self, key: str) -> Path | None:
         self._key(key)
@@ -241,22 +260,34 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         full = self._key(key)
-        with self._mapped_errors(key):
-            self.client.delete_object(Bucket=self.bucket, Key=full)
-            if key.startswith("blobs/"):
-                self.client.delete_object(Bucket=self.bucket, Key=self._key(_marker(key)))
+
+        def remove() -> None:
+            with self._mapped_errors(key):
+                self.client.delete_object(Bucket=self.bucket, Key=full)
+                if key.startswith("blobs/"):
+                    self.client.delete_object(Bucket=self.bucket, Key=self._key(_marker(key)))
+        self._retried(remove)
 
     def list(self, prefix: str) -> Iterator[str]:
         # Directory semantics, as in the file store: "manifests/m1" must not match "m10".
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         base = f"{self.prefix}/" if self.prefix else ""
-        with self._mapped_errors():
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=base + prefix)
-            for page in pages:
-                for item in page.get("Contents", ()):
-                    yield item["Key"][len(base):]
+        after: str | None = None  # the last key yielded: a retry resumes after it
+        backoff = Backoff(self.retry_seconds, f"store {self.url} at {self.where}")
+        while True:
+            try:
+                with self._mapped_errors():
+                    extra = {"StartAfter": base + after} if after is not None else {}
+                    pages = self.client.get_paginator("list_objects_v2").paginate(
+                        Bucket=self.bucket, Prefix=base + prefix, **extra)
+                    for page in pages:
+                        for item in page.get("Contents", ()):
+                            after = item["Key"][len(base):]
+                            yield after
+                return
+            except Unreachable as exc:
+                backoff.wait_or_raise(exc)
 
     def modified(self, key: str) -> datetime | None:
         """The later of the object's LastModified and its touch marker's."""
@@ -328,6 +359,9 @@ class S3Store:
 
     # -- errors ---------------------------------------------------------------------------
 
+    def _retried(self, attempt: Callable[[], T]) -> T:
+        return retried(attempt, self.retry_seconds, f"store {self.url} at {self.where}")
+
     @contextlib.contextmanager
     def _mapped_errors(self, key: str | None = None, *, missing_ok: bool = False,
                        bucket_op: bool = False) -> Iterator[None]:
@@ -363,7 +397,7 @@ class S3Store:
                     f"store {self.url} at {self.where} refused the request ({code}); check the "
                     "AWS credentials and the bucket policy"
                 ) from None
-            raise StoreUnavailableError(
+            raise (Unreachable if code in TRANSIENT_CODES else StoreUnavailableError)(
                 f"store {self.url} at {self.where} failed"
                 + (f" on {key!r}" if key else "") + f": {code}"
             ) from None
@@ -373,7 +407,7 @@ class S3Store:
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
             ) from None
         except (ConnectionError, HTTPClientError, RetriesExceededError) as exc:
-            raise StoreUnavailableError(
+            raise Unreachable(
                 f"store {self.url} at {self.where} is unreachable ({type(exc).__name__}); check "
                 "that the endpoint is up and REGISTRY_S3_ENDPOINT_URL is right"
             ) from None
@@ -404,6 +438,7 @@ class S3Store:
 
 class _Missing(Exception):
     """Internal: a key that is not there, for ``has``."""
+
 
 
 def _code(exc: Any) -> str:

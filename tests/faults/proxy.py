@@ -5,6 +5,10 @@ blob transfers after N bytes, as a dying link or a hung server does.
 ``/blobs/`` key (a PUT for "up", a GET for "down") forwards ``after`` bytes in that direction,
 then is closed ("cut") or stops moving bytes without closing ("stall"). ``heal()`` ends the
 fault for new connections and closes the stalled ones.
+
+``outage()``: the endpoint is gone for every request (not only blob transfers): new
+connections are closed as they are accepted and open ones are cut at their next bytes, until
+``heal()``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class FaultProxy:
         self.direction = "up"
         self.after = 0
         self.hits = 0  # connections the fault struck (cut or stalled)
+        self.down = False  # an outage: every connection refused or cut
+        self.refused = 0  # connections the outage refused or cut
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -35,9 +41,14 @@ class FaultProxy:
         with self._lock:
             self.mode, self.direction, self.after, self.hits = mode, direction, after, 0
 
+    def outage(self) -> None:
+        with self._lock:
+            self.down = True
+
     def heal(self) -> None:
         with self._lock:
             self.mode = None
+            self.down = False
 
     def close(self) -> None:
         self._closed = True
@@ -64,6 +75,11 @@ class FaultProxy:
             return self.mode, self.after
 
     def _serve(self, client: socket.socket) -> None:
+        if self.down:
+            with self._lock:
+                self.refused += 1
+            _close(client)
+            return
         try:
             upstream = socket.create_connection(self.target)
         except OSError:
@@ -76,6 +92,10 @@ class FaultProxy:
         def pump(src: socket.socket, dst: socket.socket, direction: str) -> None:
             with contextlib.suppress(OSError):
                 while data := src.recv(65536):
+                    if self.down:
+                        with self._lock:
+                            self.refused += 1
+                        break
                     if direction == "up":
                         for d in ("up", "down"):
                             if struck[d] is None:

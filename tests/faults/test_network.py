@@ -38,6 +38,9 @@ def proxied(s3_endpoint: str, s3_store_url: str,
     monkeypatch.setenv("REGISTRY_STORE_URL", s3_store_url)
     monkeypatch.setenv("REGISTRY_SHARD_SIZE", "512KiB")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    # The faults here last as long as the action: a short retry window keeps trials bounded
+    # (tests/faults/test_outage.py shows a blip within the default window is ridden out).
+    monkeypatch.setenv("REGISTRY_STORE_RETRY_SECONDS", "0.5")
     monkeypatch.setattr(s3_module, "READ_TIMEOUT_S", TIMEOUT_S)
     monkeypatch.setattr(s3_module, "CONNECT_TIMEOUT_S", TIMEOUT_S)
     reg = registry.Registry()

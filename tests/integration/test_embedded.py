@@ -193,10 +193,12 @@ def test_failed_push_leaves_no_visible_version(reg: Registry, monkeypatch) -> No
     reg.push({"w": torch.ones(1)}, "m")
     store = reg.backend.store  # type: ignore[attr-defined]
 
-    def broken(key: str, data: bytes) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store, "put_bytes", broken)
+    # The blob cannot be stored: the push fails before its commit. (A store write after the
+    # commit, the manifest's, does not fail the push: tests/integration/test_commit_order.py.)
+    monkeypatch.setattr(store, "put_file", broken)
     with pytest.raises(OSError, match="No space"):
         reg.push({"w": torch.zeros(5)}, "m")
     monkeypatch.undo()

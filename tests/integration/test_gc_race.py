@@ -43,6 +43,9 @@ class SteppedStore:
         def stepped(key: str, *args: Any, **kwargs: Any) -> Any:
             hook = self.hooks.get(name)
             if hook is not None and _matches(hook, key):
+                if getattr(hook, "skip", 0):
+                    hook.skip -= 1  # type: ignore[attr-defined]
+                    return attr(key, *args, **kwargs)
                 del self.hooks[name]
                 hook(key)
             return attr(key, *args, **kwargs)
@@ -54,8 +57,10 @@ def _matches(hook: Callable[[str], None], key: str) -> bool:
     return key.startswith(prefix)
 
 
-def on(prefix: str, fn: Callable[[str], None]) -> Callable[[str], None]:
+def on(prefix: str, fn: Callable[[str], None], *, skip: int = 0) -> Callable[[str], None]:
+    """``fn`` as a hook for keys under ``prefix``, run at the call after ``skip`` of them."""
     fn.prefix = prefix  # type: ignore[attr-defined]
+    fn.skip = skip  # type: ignore[attr-defined]
     return fn
 
 
@@ -118,11 +123,12 @@ def test_a_push_reusing_a_blob_gc_has_chosen_keeps_it(graced: registry.Registry,
 def test_a_blob_deleted_while_a_push_commits_is_stored_again(graced: registry.Registry,
                                                              home: Path) -> None:
     """A gc that chose the blob before the push reserved it deletes it between the push's
-    dedup check and its commit (here: as the manifest is written). The re-check after the
-    manifest catches it, the embedded push stores the blob again, and the version loads."""
+    dedup check and its commit (here: right before the last check ahead of the catalog
+    commit; the push asked the store twice in begin and once in its first check). The
+    re-check catches it, the embedded push stores the blob again, and the version loads."""
     digest = _deleted_and_old(graced, home, "vanish")
-    graced.backend.store.hooks["put_bytes"] = on(  # type: ignore[attr-defined]
-        "manifests/vanish/v2", lambda key: _blob(home, digest).unlink())
+    graced.backend.store.hooks["has"] = on(  # type: ignore[attr-defined]
+        "blobs/", lambda key: _blob(home, digest).unlink(), skip=3)
     v2 = graced.push(trained_mlp(), "vanish")
     assert v2.ref == "vanish:v2" and _blob(home, digest).exists()
     assert_same_state(graced.pull_state_dict("vanish:v2", device="cpu"),
@@ -142,8 +148,8 @@ def test_a_commit_whose_blob_vanished_is_undone(graced: registry.Registry, home:
     number, missing = backend.begin_push(
         "undone", None, [VersionFile("weights", "model.safetensors", v1.digest, size)])
     assert missing == []  # reused, so the push uploads nothing
-    backend.store.hooks["put_bytes"] = on(
-        "manifests/undone/", lambda key: _blob(home, v1.digest).unlink())
+    backend.store.hooks["has"] = on(  # after the first check, before the last one
+        "blobs/", lambda key: _blob(home, v1.digest).unlink(), skip=1)
     with pytest.raises(MissingBlobError, match="vanished from the store"):
         backend.commit_push("undone", number, {**stored, "version": number}, {}, [])
     assert not (home / "objects" / mf.manifest_key("undone", number)).exists()

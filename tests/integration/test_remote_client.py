@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import registry
-from registry.errors import CatalogUnavailableError, SettingsError
+from registry.errors import ServerUnavailableError, SettingsError
 from tests.helpers import assert_same_state, trained_mlp
 from tests.integration.conftest import DUMMY_KEY_ID, DUMMY_SECRET
 from tests.integration.serving import free_port, registry_server
@@ -49,7 +49,7 @@ def test_registry_uri_selects_the_remote_backend(monkeypatch: pytest.MonkeyPatch
 def test_unreachable_server_names_the_fix() -> None:
     port = free_port()  # nothing listens here
     reg = registry.Registry(f"http://127.0.0.1:{port}", token="reg_t")
-    with pytest.raises(CatalogUnavailableError, match=f"127.0.0.1:{port} is unreachable") as err:
+    with pytest.raises(ServerUnavailableError, match=f"127.0.0.1:{port} is unreachable") as err:
         reg.list_models()
     assert "registry serve" in str(err.value) and "reg_t" not in str(err.value)
     reg.close()

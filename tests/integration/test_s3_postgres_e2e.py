@@ -175,6 +175,9 @@ def test_download_that_keeps_failing_leaves_no_partial_file(
         pg_url: str, s3_bucket: str, cutting_proxy: Any, home: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REGISTRY_S3_ENDPOINT_URL", cutting_proxy.url)
+    # The bound below counts s3transfer's attempts of one download; the store's own window of
+    # retries (REGISTRY_STORE_RETRY_SECONDS, tests/faults/test_outage.py) would repeat them.
+    monkeypatch.setenv("REGISTRY_STORE_RETRY_SECONDS", "0")
     reg = registry.Registry(catalog=pg_url, store=f"s3://{s3_bucket}/team")
     try:
         mv = reg.push(_big_weights(), "doomed")

@@ -1,0 +1,135 @@
+"""The store's copies of catalog facts (manifests, alias tables, tombstones): written from the
+catalog, after it changed, under the model's lock, and owed when a write fails.
+
+The catalog is the single source of truth; the store's copies exist so that ``registry db
+rebuild`` can restore it. The order of a push's writes (README, "Storage and guarantees"):
+
+1. blobs (content-addressed, immutable; a reservation keeps them from gc),
+2. the catalog commit, which makes the version visible with its tags and aliases,
+3. the manifest and the alias table, read back from the catalog and written while holding the
+   model's row lock (:meth:`registry.catalog.copies.StoreCopies.publish`), which every change
+   of a version's visibility, tags or aliases also takes.
+
+So the store never holds a manifest of a version that was not committed, the last alias table
+written is the newest, and nothing a commit or an abort does deletes what another wrote. A
+write that fails after step 2 does not fail the operation (the catalog already says it
+happened): it is logged and owed, and written by the next change of that model in this
+process or by ``gc`` (:meth:`Copies.reconcile`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import manifest as mf
+from . import validate
+from .store import ObjectStore
+
+if TYPE_CHECKING:
+    from .catalog.repository import Catalog
+
+log = logging.getLogger(__name__)
+
+_ALIASES = 0  # stands for a model's alias table among the versions owed
+# What `db rebuild` reads back: manifests, retired (name, version) pairs, alias tables.
+Stored = tuple[list[dict[str, Any]], list[tuple[str, int]], dict[str, dict[str, int]]]
+
+
+class Copies:
+    """Writes the store's copies of one catalog's facts; remembers what a failure left owed."""
+
+    def __init__(self) -> None:
+        self._owed: dict[str, set[int]] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, catalog: Catalog, store: ObjectStore, name: str, versions: Iterable[int],
+                *, aliases: bool) -> list[str]:
+        """Write the manifests of ``versions`` (those ready) and, if ``aliases``, the alias
+        table of ``name``, with what was owed for it; returns the keys a failure left owed.
+        Never raises: the catalog already holds the change, and it is what callers were
+        told."""
+        with self._lock:
+            owed = self._owed.pop(name, set())
+        wanted = set(versions) | {v for v in owed if v != _ALIASES}
+        aliases = aliases or _ALIASES in owed
+
+        def write(manifests: dict[int, dict[str, Any]], table: dict[str, int]) -> None:
+            for version in sorted(manifests):
+                store.put_bytes(mf.manifest_key(name, version), mf.dumps(manifests[version]))
+            if aliases:
+                store.put_bytes(mf.aliases_key(name), json.dumps(table, sort_keys=True).encode())
+
+        try:
+            catalog.publish(name, wanted, write)
+        except Exception as exc:  # reported, remembered, retried: the change itself is made
+            with self._lock:
+                self._owed.setdefault(name, set()).update(
+                    wanted | ({_ALIASES} if aliases else set()))
+            keys = [mf.manifest_key(name, v) for v in sorted(wanted)] + (
+                [mf.aliases_key(name)] if aliases else [])
+            log.warning("%s is committed, but writing %s to the store failed (%s: %s); it is "
+                        "written again by the next change of %s or `registry gc`", name,
+                        ", ".join(keys), type(exc).__name__, exc, name)
+            return keys
+        return []
+
+    def owed(self) -> list[str]:
+        """Store keys still owed by this process."""
+        with self._lock:
+            return sorted(mf.aliases_key(n) if v == _ALIASES else mf.manifest_key(n, v)
+                          for n, vs in self._owed.items() for v in vs)
+
+    def reconcile(self, catalog: Catalog, store: ObjectStore) -> list[str]:
+        """Make the store's manifests, tombstones and alias tables say what the catalog says
+        (what any process owed: one that died between its commit and its writes too); returns
+        the keys written. It only writes, and removes manifests of deleted versions: a
+        manifest of a version the catalog does not know is left to gc's grace."""
+        from .catalog.models import DELETED, READY
+
+        states = catalog.version_states()
+        stored = set(store.list("manifests/"))
+        written: list[str] = []
+        for name in sorted({n for n, _ in states}):
+            mine = {v: state for (n, v), (state, _) in states.items() if n == name}
+            missing = [v for v, state in sorted(mine.items())
+                       if state == READY and mf.manifest_key(name, v) not in stored]
+            if self.publish(catalog, store, name, missing, aliases=True):
+                continue
+            written += [mf.manifest_key(name, v) for v in missing]
+            for v, state in sorted(mine.items()):
+                if state == DELETED and mf.manifest_key(name, v) in stored:
+                    store.put_bytes(mf.tombstone_key(name, v), b"")
+                    store.delete(mf.manifest_key(name, v))
+                    written.append(mf.tombstone_key(name, v))
+        return written
+
+    def read_back(self, store: ObjectStore) -> Stored:
+        """What ``db rebuild`` restores: the live manifests sorted by (name, version), the
+        retired (name, version) pairs, and the alias tables, each object validated
+        (registry/validate.py). Nothing is written first: the catalog being replaced may be
+        an old backup, and its facts must not overwrite newer copies (``registry gc`` on a
+        live catalog writes what a failed write owed)."""
+        manifests: list[dict[str, Any]] = []
+        retired: set[tuple[str, int]] = set()
+        for key in store.list("manifests/"):
+            name, version, suffix = validate.manifest_key(key)
+            if suffix == ".json":
+                data = validate.stored_bytes(store.has(key), key, store.get_bytes)
+                manifests.append(validate.stored_manifest(
+                    mf.loads(data, origin=key), name=name, version=version, origin=key))
+            elif suffix == ".deleted":
+                retired.add((name, version))
+        aliases: dict[str, dict[str, int]] = {}
+        for key in store.list("aliases/"):
+            name = validate.aliases_key(key)
+            data = validate.stored_bytes(store.has(key), key, store.get_bytes)
+            aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
+        # A tombstone is written before its manifest is removed: if both are there, the
+        # deletion happened.
+        manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
+        manifests.sort(key=lambda m: (m["name"], m["version"]))
+        return manifests, sorted(retired), aliases
