@@ -31,6 +31,17 @@ def add_signature_files(catalog: Catalog, name: str, version: int,
                                      size=f.size))
 
 
+def has_signature_files(catalog: Catalog, name: str, version: int) -> bool:
+    """Whether ``name:vN`` has bundle rows: a pull of an unsigned version asks the catalog it
+    already reads, not the store (a round trip to S3 on every pull)."""
+    with catalog._session() as s:
+        return s.scalar(select(VersionFileRow.id)
+                        .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
+                        .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                        .where(ModelRow.name == name, VersionRow.version == version,
+                               VersionFileRow.role == ROLE).limit(1)) is not None
+
+
 def check_version(catalog: Catalog, name: str, version: int) -> None:
     """NotFoundError unless ``name:vN`` is a live version."""
     with catalog._session() as s:

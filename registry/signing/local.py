@@ -32,7 +32,12 @@ class LocalSignatures:
         self.store = store
 
     def listed(self, name: str, version: int) -> list[dict[str, Any]]:
-        """The checked records of ``name:vN``, oldest first ([] when it has none)."""
+        """The checked records of ``name:vN``, oldest first ([] when it has none). The
+        catalog's bundle rows are asked first, so an unsigned version costs no store read."""
+        from ..catalog import signatures as rows
+
+        if not rows.has_signature_files(self.catalog, name, version):
+            return []
         key = records.store_key(name, version)
         size = self.store.has(key)
         if size is None:
