@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from .. import boundedjson
 from ..errors import ManifestError
-from .models import READY, ExportRow, ModelRow, VersionRow
+from .models import READY, ExportRow, ModelRow, VersionRow, live_version_id
 from .repository import Catalog
 
 
@@ -97,10 +97,7 @@ def restore_exports(catalog: Catalog,
     with catalog._session() as s:
         s.execute(delete(ExportRow))
         for name, version, records in exports:
-            version_id = s.scalar(select(VersionRow.id)
-                                  .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                                  .where(ModelRow.name == name, VersionRow.version == version,
-                                         VersionRow.state == READY))
+            version_id = live_version_id(s, name, version)
             if version_id is None:
                 continue
             seen: set[str] = set()

@@ -14,8 +14,9 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 PENDING, READY, DELETED = "pending", "ready", "deleted"
 
@@ -115,3 +116,12 @@ class ExportRow(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     record: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def live_version_id(s: Session, name: str, version: int) -> int | None:
+    """The row id of the live (ready) version ``name:vN``, or None: what a rebuild's restore
+    of export and signature rows attaches them to."""
+    return s.scalar(select(VersionRow.id)
+                    .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                    .where(ModelRow.name == name, VersionRow.version == version,
+                           VersionRow.state == READY))

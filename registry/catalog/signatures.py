@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from sqlalchemy import delete, select
 
 from ..files import VersionFile
-from .models import READY, ModelRow, VersionFileRow, VersionRow
+from .models import ModelRow, VersionFileRow, VersionRow, live_version_id
 from .repository import Catalog
 
 ROLE = "signature"
@@ -55,10 +55,7 @@ def restore_signature_files(catalog: Catalog,
     with catalog._session() as s:
         s.execute(delete(VersionFileRow).where(VersionFileRow.role == ROLE))
         for name, version, files in found:
-            version_id = s.scalar(select(VersionRow.id)
-                                  .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                                  .where(ModelRow.name == name, VersionRow.version == version,
-                                         VersionRow.state == READY))
+            version_id = live_version_id(s, name, version)
             if version_id is None:
                 continue
             for f in {f.name: f for f in files}.values():
