@@ -27,7 +27,7 @@ demo: $(BASE_STAMP)
 # The manual (docs/, mkdocs.yml) into site/; --strict turns a broken link, a page missing from
 # the nav or a docstring the API reference cannot render into a failure, so `make test` runs it.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 test: $(STAMP) docs
 	$(PY) -m pytest
