@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-oldest-torch lint bench dist clean
+.PHONY: demo test docs test-oldest-torch lint bench dist clean
 
 # The base venv holds everything the README uses (`[all]`: torchvision for its quick start, the
 # hf, export and mlflow extras); the dev extras come on top for `make test`.
@@ -24,7 +24,12 @@ demo: $(BASE_STAMP)
 	rm -rf .demo
 	REGISTRY_HOME=$(CURDIR)/.demo $(PY) examples/demo.py
 
-test: $(STAMP)
+# The manual (docs/, mkdocs.yml) into site/; --strict turns a broken link, a page missing from
+# the nav or a docstring the API reference cannot render into a failure, so `make test` runs it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+test: $(STAMP) docs
 	$(PY) -m pytest
 
 # The unit tests against the oldest torch pyproject.toml admits ("torch>=X" -> torch==X), in a
@@ -62,4 +67,4 @@ dist: $(STAMP)
 	$(PY) -m build --no-isolation --outdir dist .
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .demo .pytest_cache .mypy_cache .ruff_cache build dist
+	rm -rf $(VENV) $(OLDEST_VENV) .demo site .pytest_cache .mypy_cache .ruff_cache build dist

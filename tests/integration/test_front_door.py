@@ -1,4 +1,5 @@
-"""What a new user meets first: the README's first screen and the demo it points at."""
+"""What a new user meets first: the README's first screen, the install lines of the manual
+(docs/), and the demo they point at."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-# The first screen: everything above the tour.
-FIRST_SCREEN = README[:README.index("## A short tour")]
+# The first screen: everything above the feature list.
+FIRST_SCREEN = README[:README.index("## Features")]
+DEVELOPMENT = (ROOT / "docs" / "development.md").read_text()
+PAGES = {path.relative_to(ROOT): path.read_text()
+         for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]}
 
 
 def _quick_start() -> str:
@@ -33,14 +37,15 @@ def test_the_first_screen_has_the_two_commands_the_cli_and_one_install_line() ->
     installs = re.findall(r"^pip install .*$", FIRST_SCREEN, re.M)
     assert installs == ["pip install 'torch-registry[all]'   # everything this README uses; "
                         "the import name is `registry`"]
-    # CI's own needs live under Development, not on the first screen.
+    # CI's own needs live in the manual's Development page, not on the first screen.
     for ci_only in ("CI=true", "Chromium", "npm", "test-oldest-torch"):
         assert ci_only not in FIRST_SCREEN, ci_only
-        assert ci_only in README[README.index("## Development"):], ci_only
-    # Every `pip install` the README shows names this distribution, never the unrelated
-    # `registry` project of the package index.
-    for line in re.findall(r"pip install[^`\n]*", README):
-        assert "'registry[" not in line and " registry" not in line, line
+        assert ci_only in DEVELOPMENT, ci_only
+    # Every `pip install` the README and the manual show names this distribution, never the
+    # unrelated `registry` project of the package index.
+    for page, text in PAGES.items():
+        for line in re.findall(r"pip install[^`\n]*", text):
+            assert "'registry[" not in line and " registry" not in line, (page, line)
 
 
 def test_the_quick_start_is_the_design_cards_calls_in_five_lines() -> None:
