@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -12,14 +13,14 @@ from ..cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError
 from ..settings import Settings
+from . import foreign
 from .auth import credential_for
 from .modelpack import WEIGHT, Artifact
 from .pull import (
     BlobPath,
     LayerFetcher,
-    checkpoint_dir,
-    fetch_all,
     fetcher,
+    free_bytes,
     open_artifact,
     registry_record,
     stage,
@@ -47,23 +48,37 @@ def push(record: VersionRecord, target: str, settings: Settings, blob_path: Blob
 
 @contextmanager
 def opened(source: str, settings: Settings, *,
-           plain_http: bool = False) -> Iterator[tuple[VersionRecord, BlobPath]]:
-    """The version an artifact of this registry holds, and ``blob_path`` for its layers
-    (fetched into the verified cache as the pull asks for them)."""
+           plain_http: bool = False) -> Iterator[tuple[VersionRecord, Callable[[str, int], int]]]:
+    """The version an artifact holds, and how to open each of its weight files: the second
+    gives a descriptor of the verified cache file (the caller's ``open()`` of it maps that very
+    file, never the path again). An artifact of this registry comes back as it was pushed;
+    another producer's is normalized like a checkpoint directory (foreign.py)."""
     with connect(source, settings, plain_http=plain_http) as client:
-        artifact, _digest = open_artifact(client, settings.cache_dir)
-        blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
+        artifact, digest = open_artifact(client, settings.cache_dir)
+        layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
-            blob_path.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
-            record = registry_record(artifact, blob_path, str(client.ref))
-            if record is None:
-                raise OciArtifactError(
-                    f"{source} was written by another ModelPack producer; import it first (it "
-                    "is normalized like a checkpoint directory): "
-                    f"`registry oci pull {source} NAME`")
-            yield record, blob_path
+            layers.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
+            record = registry_record(artifact, layers, str(client.ref))
+            if record is not None:
+                yield record, layers.open_fd
+                return
+            record = foreign.version(
+                artifact, layers, settings.cache_dir, manifest_digest=digest,
+                origin=str(client.ref), repository=client.ref.repository,
+                shard_size=settings.shard_size, budget=free_bytes(settings.cache_dir))
         finally:
-            blob_path.close()
+            layers.close()
+    cache = BlobCache(settings.cache_dir)
+
+    def cached(digest: str, size: int) -> int:  # the normalized shards, in the cache
+        def gone(_tmp: Path) -> str:
+            raise OciArtifactError(f"shard {digest} of {source}, normalized by this pull, left "
+                                   "the cache meanwhile; pull again")
+
+        with cache.open(digest, gone, size) as fh:
+            return os.dup(fh.fileno())
+
+    yield record, cached
 
 
 def import_artifact(source: str, name: str | None, settings: Settings, staging: Path,
@@ -75,29 +90,30 @@ def import_artifact(source: str, name: str | None, settings: Settings, staging: 
     before anything is committed, so a failed download leaves no version behind."""
     with connect(source, settings, plain_http=plain_http) as client:
         artifact, digest = open_artifact(client, settings.cache_dir)
-        blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
+        layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
-            return _import(artifact, digest, blob_path, client, name, settings, staging, commit,
+            return _import(artifact, digest, layers, client, name, settings, staging, commit,
                            push_directory, tags, aliases)
         finally:
-            blob_path.close()
+            layers.close()
 
 
-def _import(artifact: Artifact, digest: str, blob_path: LayerFetcher, client: OciClient,
+def _import(artifact: Artifact, digest: str, layers: LayerFetcher, client: OciClient,
             name: str | None, settings: Settings, staging: Path, commit: Callable[..., Any],
             push_directory: Callable[[Path, str], Any], tags: dict[str, str],
             aliases: Sequence[str]) -> Any:
-    record = registry_record(artifact, blob_path, str(client.ref))
+    record = registry_record(artifact, layers, str(client.ref))
     if record is None:
-        blobs = fetch_all(artifact, blob_path)
-        directory = checkpoint_dir(artifact, blobs, settings.cache_dir / "oci" / "checkouts",
-                                   digest, str(client.ref))
+        layers.prefetch(artifact.layers)
+        directory = foreign.checkout(artifact, layers, settings.cache_dir / "oci" / "checkouts",
+                                     origin=str(client.ref),
+                                     budget=free_bytes(settings.cache_dir))
         try:
             return push_directory(directory,
                                   name or client.ref.repository.rsplit("/", 1)[-1])
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    staged = stage(record, blob_path, staging)
+    staged = stage(record, layers, staging)
     target = name or record.name
     tag_map = {**record.tags, **tags}
     try:

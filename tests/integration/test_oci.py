@@ -222,8 +222,10 @@ def test_another_producers_artifact_imports_like_a_checkpoint_directory(
     assert mv.metadata["source"]["wrapping"] == ["DataParallel/DistributedDataParallel"]
     expected = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     assert_same_state(reg.pull_state_dict("foreign", device="cpu"), expected)
-    with pytest.raises(registry.OciArtifactError, match="another ModelPack producer"):
-        reg.pull(oci.ref("foreign/lm", "v1"), device="cpu")
+    # A pull materializes it without an import: the same normalization, no catalog entry.
+    pulled = reg.pull(oci.ref("foreign/lm", "v1"), device="cpu", model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+    assert reg.list_versions("foreign") == [reg.show("foreign")]  # nothing added by the pull
 
 
 def _sha(path: Path) -> str:
