@@ -62,11 +62,12 @@ def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, 
                     claimed.add(layer.filepath)
                     names = [layer.filepath]
             if layer.media_type.startswith(modelpack.WEIGHT.removesuffix(".raw") + "."):
-                weights += [n for n in names if n.endswith(".safetensors")]
+                weights += [n for n in names if n.endswith(".safetensors") and "/" not in n]
         if not weights:
             raise OciArtifactError(
-                f"{origin} holds no safetensors weights ({modelpack.WEIGHT} layers, or their "
-                ".tar forms, with *.safetensors files)")
+                f"{origin} holds no safetensors weights at its top level ({modelpack.WEIGHT} "
+                "layers, or their .tar forms, with *.safetensors files, as a checkpoint "
+                "directory holds them)")
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
