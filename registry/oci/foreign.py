@@ -47,7 +47,7 @@ def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, 
     left = Budget(budget)
     try:
         for layer in artifact.layers:
-            if layer.media_type == modelpack.REGISTRY_MANIFEST:
+            if layer.media_type in modelpack.OWN_TYPES:
                 continue
             what = f"{origin} layer {layer.digest}"
             with layers.open(layer.digest, layer.size) as fh:

@@ -7,7 +7,8 @@
         ├── ...weight.v1.raw          model.safetensors, model-00001-of-00003.safetensors, ...
         ├── ...weight.config.v1.raw   config.json, tokenizer.json, ... (attached files)
         ├── ...doc.v1.raw / code.v1.raw  README.md, LICENSE / *.py
-        └── application/vnd.registry.manifest.v1+json   registry-manifest.json (ours)
+        ├── application/vnd.registry.manifest.v1+json   registry-manifest.json (ours)
+        └── signatures (signed.py)  signatures/<hex>.sig, registry-signatures.json
 
 A raw layer's bytes are the file's bytes, so its digest is the registry's blob digest and its
 DiffID is the same digest. Another producer's ``.tar`` / ``.tar+gzip`` layers are read too
@@ -39,7 +40,13 @@ DOC = "application/vnd.cncf.model.doc.v1.raw"
 CODE = "application/vnd.cncf.model.code.v1.raw"
 DATASET = "application/vnd.cncf.model.dataset.v1.raw"
 REGISTRY_MANIFEST = "application/vnd.registry.manifest.v1+json"
-RAW_TYPES = (WEIGHT, WEIGHT_CONFIG, DOC, CODE, DATASET, REGISTRY_MANIFEST)
+# A version's signatures (signed.py): OMS bundles (Sigstore bundles) and their records.
+SIGNATURE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+SIGNATURE_RECORDS = "application/vnd.registry.signatures.v1+json"
+SIGNATURE_RECORDS_PATH = "registry-signatures.json"
+# Layers of this registry's own that are not files of the model.
+OWN_TYPES = (REGISTRY_MANIFEST, SIGNATURE_BUNDLE, SIGNATURE_RECORDS)
+RAW_TYPES = (WEIGHT, WEIGHT_CONFIG, DOC, CODE, DATASET, *OWN_TYPES)
 # The spec's archived layers (other producers write them): unpacked on import and pull
 # (unpack.py). zstd is refused with the fix: Python's tarfile reads no zstd before 3.14.
 TAR_TYPES = tuple(t.replace(".raw", suffix) for suffix in (".tar", ".tar+gzip")

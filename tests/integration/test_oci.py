@@ -270,3 +270,40 @@ def test_a_push_to_another_repository_mounts_instead_of_uploading(
     assert done.uploaded == 0
     # only the config was sent again, the one blob the door puts whole
     assert len(oci.completed_uploads()) - before == 1
+
+
+def test_signatures_travel_with_the_artifact_and_verify_after_import(
+        reg: Registry, oci: OciRegistry, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signed version's bundles and records are layers of its artifact; imported under its
+    own name and number they verify as on the original; a pull applies REGISTRY_VERIFY."""
+    pytest.importorskip("model_signing")
+    from tests.keys import ec_key_pair
+
+    producer, stranger = ec_key_pair(tmp_path / "k", "producer"), ec_key_pair(tmp_path / "k", "x")
+    model = block_lm()
+    mv = reg.push(model, "lm", shard_size=SHARD, sign_key=producer.private)
+    reg.push_oci(mv.ref, oci.ref("signed/lm", "v1"))
+    doc = _manifest(oci, "signed/lm", "v1")
+    bundles = [x for x in doc["layers"] if x["mediaType"] == modelpack.SIGNATURE_BUNDLE]
+    signature = reg.show(mv.ref).metadata["signatures"][0]
+    assert [x["digest"] for x in bundles] == [signature["digest"]]
+    assert any(x["mediaType"] == modelpack.SIGNATURE_RECORDS for x in doc["layers"])
+
+    other = Registry(home=tmp_path / "elsewhere")
+    copy = other.import_oci(oci.ref("signed/lm", "v1"))
+    assert copy.ref == "lm:v1" and copy.digest == mv.digest
+    good = other.verify("lm:v1", public_keys=[producer.public])
+    assert [s.digest for s in good] == [signature["digest"]] and good[0].verified
+    renamed = other.import_oci(oci.ref("signed/lm", "v1"), "lm-renamed")  # signs lm:v1 only
+    assert other.verify(renamed.ref, public_keys=[producer.public]) == []
+
+    monkeypatch.setenv("REGISTRY_VERIFY", "require")
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(producer.public))
+    pulled = Registry(home=tmp_path / "third").pull(oci.ref("signed/lm", "v1"), device="cpu",
+                                                    model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(stranger.public))
+    with pytest.raises(registry.SignatureError, match="signed only by"):
+        Registry(home=tmp_path / "fourth").pull(oci.ref("signed/lm", "v1"), device="cpu",
+                                                model=BlockLM)
