@@ -6,7 +6,10 @@ artifact whose layer digests are the registry's own blob digests.
     transport.py   OciClient: the distribution spec over httpx
     modelpack.py   the artifact format: layers, config, annotations; reading one back
     push.py        a version -> an artifact (HEAD, mount, chunked parallel uploads)
-    pull.py        an artifact -> the verified cache -> a version record or a checkpoint dir
+    pull.py        an artifact -> the verified cache -> the version record it holds
+    foreign.py     another producer's artifact -> a checkpoint dir -> a normalized version
+    unpack.py      layers laid out as files: raw ones linked, tar ones unpacked safely
+    signed.py      a version's signatures as layers, read back as a signature store
     door.py        the three operations the facade calls: push, opened (pull), import
     results.py     OciPush
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -12,14 +14,15 @@ from ..cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError
 from ..settings import Settings
+from ..signing import SignatureStore
+from . import foreign, signed
 from .auth import credential_for
 from .modelpack import WEIGHT, Artifact
 from .pull import (
     BlobPath,
     LayerFetcher,
-    checkpoint_dir,
-    fetch_all,
     fetcher,
+    free_bytes,
     open_artifact,
     registry_record,
     stage,
@@ -28,6 +31,8 @@ from .push import MountMemo, push_version
 from .refs import parse_oci_ref
 from .results import OciPush
 from .transport import OciClient
+
+log = logging.getLogger(__name__)
 
 
 def connect(target: str, settings: Settings, *, plain_http: bool = False) -> OciClient:
@@ -39,71 +44,113 @@ def connect(target: str, settings: Settings, *, plain_http: bool = False) -> Oci
 
 
 def push(record: VersionRecord, target: str, settings: Settings, blob_path: BlobPath, *,
-         plain_http: bool = False) -> OciPush:
+         plain_http: bool = False, signatures: SignatureStore | None = None) -> OciPush:
+    """Write ``record`` as an artifact, its signatures (from ``signatures``) as layers."""
+    extra = signed.layers(_store(signatures, blob_path), record.manifest)
     with connect(target, settings, plain_http=plain_http) as client:
         return push_version(record, client, blob_path,
-                            MountMemo(settings.cache_dir / "oci", client.ref.host))
+                            MountMemo(settings.cache_dir / "oci", client.ref.host), extra)
+
+
+def _store(given: SignatureStore | None, method: object) -> SignatureStore | None:
+    """The backend's signature store: given, or that of the backend whose bound method the
+    facade passed (``blob_path``, ``commit``) until the facade passes it itself."""
+    if given is not None:
+        return given
+    return getattr(getattr(method, "__self__", None), "signatures", None)
 
 
 @contextmanager
 def opened(source: str, settings: Settings, *,
-           plain_http: bool = False) -> Iterator[tuple[VersionRecord, BlobPath]]:
-    """The version an artifact of this registry holds, and ``blob_path`` for its layers
-    (fetched into the verified cache as the pull asks for them)."""
+           plain_http: bool = False) -> Iterator[tuple[VersionRecord, Callable[[str, int], int]]]:
+    """The version an artifact holds, and how to open each of its weight files: the second
+    gives a descriptor of the verified cache file (the caller's ``open()`` of it maps that very
+    file, never the path again). An artifact of this registry comes back as it was pushed;
+    another producer's is normalized like a checkpoint directory (foreign.py)."""
     with connect(source, settings, plain_http=plain_http) as client:
-        artifact, _digest = open_artifact(client, settings.cache_dir)
-        blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
+        artifact, digest = open_artifact(client, settings.cache_dir)
+        layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
-            blob_path.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
-            record = registry_record(artifact, blob_path, str(client.ref))
-            if record is None:
-                raise OciArtifactError(
-                    f"{source} was written by another ModelPack producer; import it first (it "
-                    "is normalized like a checkpoint directory): "
-                    f"`registry oci pull {source} NAME`")
-            yield record, blob_path
+            layers.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
+            record = registry_record(artifact, layers, str(client.ref))
+            carried = signed.ArtifactSignatures(artifact, layers, str(client.ref))
+            if record is not None:
+                signed.enforce(carried, record.manifest, settings)
+                yield record, layers.open_fd
+                return
+            record = foreign.version(
+                artifact, layers, settings.cache_dir, manifest_digest=digest,
+                origin=str(client.ref), repository=client.ref.repository,
+                shard_size=settings.shard_size, budget=free_bytes(settings.cache_dir))
+            signed.enforce(carried, record.manifest, settings)  # unsigned: refused by require
         finally:
-            blob_path.close()
+            layers.close()
+    cache = BlobCache(settings.cache_dir)
+
+    def cached(digest: str, size: int) -> int:  # the normalized shards, in the cache
+        def gone(_tmp: Path) -> str:
+            raise OciArtifactError(f"shard {digest} of {source}, normalized by this pull, left "
+                                   "the cache meanwhile; pull again")
+
+        with cache.open(digest, gone, size) as fh:
+            return os.dup(fh.fileno())
+
+    yield record, cached
 
 
 def import_artifact(source: str, name: str | None, settings: Settings, staging: Path,
                     commit: Callable[..., Any], push_directory: Callable[[Path, str], Any], *,
-                    plain_http: bool, tags: dict[str, str], aliases: Sequence[str]) -> Any:
+                    plain_http: bool, tags: dict[str, str], aliases: Sequence[str],
+                    signatures: SignatureStore | None = None) -> Any:
     """Import ``source`` as a new version: an artifact of this registry through ``commit``
     (the backend's push: same blobs, same digests, one transaction), another producer's as
     a checkpoint directory through ``push_directory``. Every layer is in the verified cache
-    before anything is committed, so a failed download leaves no version behind."""
+    before anything is committed, so a failed download leaves no version behind. The
+    signatures an artifact carries pass the pull policy first, and are stored with the
+    version (in ``signatures``) when it keeps the name and number they sign."""
     with connect(source, settings, plain_http=plain_http) as client:
         artifact, digest = open_artifact(client, settings.cache_dir)
-        blob_path = fetcher(client, BlobCache(settings.cache_dir), artifact)
+        layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
-            return _import(artifact, digest, blob_path, client, name, settings, staging, commit,
-                           push_directory, tags, aliases)
+            return _import(artifact, layers, client, name, settings, staging, commit,
+                           push_directory, tags, aliases, _store(signatures, commit))
         finally:
-            blob_path.close()
+            layers.close()
 
 
-def _import(artifact: Artifact, digest: str, blob_path: LayerFetcher, client: OciClient,
-            name: str | None, settings: Settings, staging: Path, commit: Callable[..., Any],
+def _import(artifact: Artifact, layers: LayerFetcher, client: OciClient, name: str | None,
+            settings: Settings, staging: Path, commit: Callable[..., Any],
             push_directory: Callable[[Path, str], Any], tags: dict[str, str],
-            aliases: Sequence[str]) -> Any:
-    record = registry_record(artifact, blob_path, str(client.ref))
+            aliases: Sequence[str], store: SignatureStore | None) -> Any:
+    origin = str(client.ref)
+    record = registry_record(artifact, layers, origin)
+    carried = signed.ArtifactSignatures(artifact, layers, origin)
     if record is None:
-        blobs = fetch_all(artifact, blob_path)
-        directory = checkpoint_dir(artifact, blobs, settings.cache_dir / "oci" / "checkouts",
-                                   digest, str(client.ref))
+        layers.prefetch(artifact.layers)
+        directory = foreign.checkout(artifact, layers, settings.cache_dir / "oci" / "checkouts",
+                                     origin=origin, budget=free_bytes(settings.cache_dir))
         try:
             return push_directory(directory,
                                   name or client.ref.repository.rsplit("/", 1)[-1])
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    staged = stage(record, blob_path, staging)
+    signed.enforce(carried, record.manifest, settings)
     target = name or record.name
+    # Signatures sign the name and number too: they come along when both are kept.
+    keep = bool(carried.listed(record.name, record.version)) and target == record.name
+    if carried.listed(record.name, record.version) and not keep:
+        log.warning("%s: its signatures sign %s:v%d and were not imported with %s; import it "
+                    "under its own name to keep them", origin, record.name, record.version,
+                    target)
+    staged = stage(record, layers, staging)
     tag_map = {**record.tags, **tags}
     try:
-        return commit(target, None, staged,
+        done = commit(target, record.version if keep else None, staged,
                       lambda v: {**record.manifest, "name": target, "version": v,
                                  "tags": tag_map}, tag_map, aliases)
     finally:
         for s in staged:
             s.path.unlink(missing_ok=True)
+    if keep and store is not None:
+        carried.copy_to(store, done.record.manifest)
+    return done

@@ -7,10 +7,12 @@
         ├── ...weight.v1.raw          model.safetensors, model-00001-of-00003.safetensors, ...
         ├── ...weight.config.v1.raw   config.json, tokenizer.json, ... (attached files)
         ├── ...doc.v1.raw / code.v1.raw  README.md, LICENSE / *.py
-        └── application/vnd.registry.manifest.v1+json   registry-manifest.json (ours)
+        ├── application/vnd.registry.manifest.v1+json   registry-manifest.json (ours)
+        └── signatures (signed.py)  signatures/<hex>.sig, registry-signatures.json
 
 A raw layer's bytes are the file's bytes, so its digest is the registry's blob digest and its
-DiffID is the same digest. Everything read back is checked here before a byte is fetched.
+DiffID is the same digest. Another producer's ``.tar`` / ``.tar+gzip`` layers are read too
+(unpacked by unpack.py). Everything read back is checked here before a byte is fetched.
 """
 
 from __future__ import annotations
@@ -38,7 +40,18 @@ DOC = "application/vnd.cncf.model.doc.v1.raw"
 CODE = "application/vnd.cncf.model.code.v1.raw"
 DATASET = "application/vnd.cncf.model.dataset.v1.raw"
 REGISTRY_MANIFEST = "application/vnd.registry.manifest.v1+json"
-RAW_TYPES = (WEIGHT, WEIGHT_CONFIG, DOC, CODE, DATASET, REGISTRY_MANIFEST)
+# A version's signatures (signed.py): OMS bundles (Sigstore bundles) and their records.
+SIGNATURE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+SIGNATURE_RECORDS = "application/vnd.registry.signatures.v1+json"
+SIGNATURE_RECORDS_PATH = "registry-signatures.json"
+# Layers of this registry's own that are not files of the model.
+OWN_TYPES = (REGISTRY_MANIFEST, SIGNATURE_BUNDLE, SIGNATURE_RECORDS)
+RAW_TYPES = (WEIGHT, WEIGHT_CONFIG, DOC, CODE, DATASET, *OWN_TYPES)
+# The spec's archived layers (other producers write them): unpacked on import and pull
+# (unpack.py). zstd is refused with the fix: Python's tarfile reads no zstd before 3.14.
+TAR_TYPES = tuple(t.replace(".raw", suffix) for suffix in (".tar", ".tar+gzip")
+                  for t in (WEIGHT, WEIGHT_CONFIG, DOC, CODE, DATASET))
+ZSTD_SUFFIX = ".tar+zstd"
 FILEPATH = "org.cncf.model.filepath"
 REGISTRY_MANIFEST_PATH = "registry-manifest.json"
 MAX_LAYERS = 10_000
@@ -71,6 +84,14 @@ class Artifact:
 
     def of_type(self, *media_types: str) -> list[Layer]:
         return [layer for layer in self.layers if layer.media_type in media_types]
+
+    @property
+    def archived(self) -> bool:
+        return any(layer.media_type in TAR_TYPES for layer in self.layers)
+
+
+def is_tar(media_type: str) -> bool:
+    return media_type in TAR_TYPES
 
 
 def _attachment_type(name: str) -> str:
@@ -184,12 +205,21 @@ def read(body: bytes, media_type: str, *, origin: str, max_bytes: int) -> Artifa
     paths: set[str] = set()
     for i, raw in enumerate(raw_layers):
         d = _descriptor(raw, f"layers[{i}]", origin, max_bytes=max_bytes)
-        if d["mediaType"] not in RAW_TYPES:
+        layer_type = d["mediaType"]
+        if layer_type.startswith("application/vnd.cncf.model.") \
+                and layer_type.endswith(ZSTD_SUFFIX):
             raise OciArtifactError(
-                f"{origin}: layers[{i}] has media type {quoted(d['mediaType'], 80)}; this "
-                f"registry reads uncompressed ModelPack layers ({', '.join(RAW_TYPES[:5])})")
+                f"{origin}: layers[{i}] is zstd-compressed ({layer_type}), which this registry "
+                "cannot unpack; ask the producer for .tar, .tar+gzip or .raw layers")
+        if layer_type not in RAW_TYPES and layer_type not in TAR_TYPES:
+            raise OciArtifactError(
+                f"{origin}: layers[{i}] has media type {quoted(layer_type, 80)}; this registry "
+                f"reads ModelPack layers ({', '.join(RAW_TYPES[:5])}, and their .tar and "
+                ".tar+gzip forms)")
         annotations = raw.get("annotations") or {}
         path = annotations.get(FILEPATH) if isinstance(annotations, dict) else None
+        if layer_type in TAR_TYPES and path is None:
+            path = f"layer-{i}.tar"  # an archive's members carry the names (unpack.py)
         try:
             path = check_file_name(path)
         except RefError as exc:

@@ -3,8 +3,8 @@ cache (hashed while it arrives, refused past its declared size), and the version
 
 An artifact this registry pushed carries its own manifest as a layer: the version comes back
 as it was, every file cross-checked against the layers. Another producer's artifact (plain
-safetensors and config layers) is laid out as a checkpoint directory of links into the cache,
-which a push then normalizes like any checkpoint directory.
+safetensors and config layers) is read by foreign.py. A layer is used only through the
+verified open of its cache file (:meth:`LayerFetcher.open`), never reopened by its path.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 from .. import manifest as mf
 from .._progress import transfer
@@ -23,7 +24,7 @@ from ..catalog.records import VersionRecord
 from ..digests import hexdigest, sha256_bytes
 from ..errors import DigestMismatchError, OciArtifactError
 from ..files import StagedFile, VersionFile, version_files
-from ..parallel import DOWNLOAD_CONCURRENCY, concurrently
+from ..parallel import DOWNLOAD_CONCURRENCY
 from . import modelpack
 from .transport import OciClient
 
@@ -41,9 +42,14 @@ def open_artifact(client: OciClient, cache_root: Path) -> tuple[modelpack.Artifa
     if ref.digest is not None and digest != ref.digest:
         raise DigestMismatchError(f"{ref} answered a manifest whose sha256 is {digest}; it was "
                                   "not used")
+    return modelpack.read(body, media_type, origin=str(ref),
+                          max_bytes=free_bytes(cache_root)), digest
+
+
+def free_bytes(cache_root: Path) -> int:
+    """What a pull may write under the cache: its disk's free space less a reserve."""
     cache_root.mkdir(parents=True, exist_ok=True)
-    free = max(shutil.disk_usage(cache_root).free - DISK_RESERVE, 0)
-    return modelpack.read(body, media_type, origin=str(ref), max_bytes=free), digest
+    return max(shutil.disk_usage(cache_root).free - DISK_RESERVE, 0)
 
 
 class LayerFetcher:
@@ -61,6 +67,19 @@ class LayerFetcher:
 
     def __call__(self, digest: str, size: int) -> Path:
         return self._start(digest, size).result()
+
+    def open(self, digest: str, size: int) -> BinaryIO:
+        """The layer's cache file, fetched if needed, open: checked against its digest on this
+        very open file (the verification memo, else hashed through it), as Backend.open_blob
+        hands out stored blobs."""
+        self._start(digest, size).result()
+        return self.cache.open(digest, lambda tmp: self._download(digest, size, tmp), size)
+
+    def open_fd(self, digest: str, size: int) -> int:
+        """:meth:`open`'s file as a descriptor of its own: what a caller that passes the
+        result to ``open()`` gets is the verified file, never the path opened again."""
+        with self.open(digest, size) as fh:
+            return os.dup(fh.fileno())
 
     def prefetch(self, layers: list[modelpack.Layer]) -> None:
         for layer in layers:
@@ -80,18 +99,18 @@ class LayerFetcher:
             return self._started[digest]
 
     def _fetch(self, digest: str, size: int) -> Path:
-        def download(tmp: Path) -> str:
-            with transfer(size, f"pull {digest[7:19]}") as progress:
-                return self.client.download(digest, size, tmp, progress)
+        return self.cache.get(digest, lambda tmp: self._download(digest, size, tmp), size)
 
-        return self.cache.get(digest, download)
+    def _download(self, digest: str, size: int, tmp: Path) -> str:
+        with transfer(size, f"pull {digest[7:19]}") as progress:
+            return self.client.download(digest, size, tmp, progress)
 
 
 def fetcher(client: OciClient, cache: BlobCache, artifact: modelpack.Artifact) -> LayerFetcher:
     return LayerFetcher(client, cache, artifact)
 
 
-def registry_record(artifact: modelpack.Artifact, blob_path: BlobPath,
+def registry_record(artifact: modelpack.Artifact, layers: LayerFetcher,
                     origin: str) -> VersionRecord | None:
     """The version an artifact of this registry holds (None for another producer's): its own
     manifest, checked, naming only files that are layers of the artifact."""
@@ -102,10 +121,11 @@ def registry_record(artifact: modelpack.Artifact, blob_path: BlobPath,
     if layer.size > MAX_REGISTRY_MANIFEST_BYTES:
         raise OciArtifactError(f"{origin}: its registry manifest declares {layer.size} bytes, "
                                f"more than {MAX_REGISTRY_MANIFEST_BYTES}")
-    manifest = mf.loads(blob_path(layer.digest, layer.size).read_bytes(), origin=origin)
-    layers = {(x.digest, x.size) for x in artifact.layers}
+    with layers.open(layer.digest, layer.size) as fh:
+        manifest = mf.loads(fh.read(), origin=origin)
+    held = {(x.digest, x.size) for x in artifact.layers}
     for f in version_files(manifest):
-        if (f.digest, f.size) not in layers:
+        if (f.digest, f.size) not in held:
             raise OciArtifactError(f"{origin}: its manifest lists {f.role} file {f.name} "
                                    f"({f.digest}, {f.size} bytes), which is not a layer of the "
                                    "artifact; it was not used")
@@ -114,41 +134,15 @@ def registry_record(artifact: modelpack.Artifact, blob_path: BlobPath,
                          manifest, dict(manifest.get("tags", {})), [])
 
 
-def fetch_all(artifact: modelpack.Artifact, blob_path: BlobPath) -> dict[str, Path]:
-    """Every layer in the verified cache (side by side): digest -> path."""
-    unique = list({layer.digest: layer for layer in artifact.layers}.values())
-    paths = concurrently(lambda layer: blob_path(layer.digest, layer.size), unique,
-                         workers=DOWNLOAD_CONCURRENCY)
-    return {layer.digest: path for layer, path in zip(unique, paths, strict=True)}
-
-
-def checkpoint_dir(artifact: modelpack.Artifact, blobs: dict[str, Path], root: Path,
-                   manifest_digest: str, origin: str) -> Path:
-    """Another producer's artifact as a checkpoint directory under ``root`` (in the cache):
-    each layer linked at its checked file path. It must hold safetensors weights."""
-    weights = [x for x in artifact.of_type(modelpack.WEIGHT)
-               if x.filepath.endswith(".safetensors")]
-    if not weights:
-        raise OciArtifactError(f"{origin} holds no safetensors weights layer "
-                               f"({modelpack.WEIGHT} with a *.safetensors file path)")
-    target = root / hexdigest(manifest_digest)
-    shutil.rmtree(target, ignore_errors=True)
-    for layer in artifact.layers:
-        if layer.media_type == modelpack.REGISTRY_MANIFEST:
-            continue
-        link = target / layer.filepath  # filepath passed files.check_file_name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(blobs[layer.digest], link)
-    return target
-
-
-def stage(record: VersionRecord, blob_path: BlobPath, staging: Path) -> list[StagedFile]:
-    """Copies of a version's files, verified, ready for a push into the catalog."""
+def stage(record: VersionRecord, layers: LayerFetcher, staging: Path) -> list[StagedFile]:
+    """Copies of a version's files, read from their verified open files, ready for a push into
+    the catalog."""
     staged: list[StagedFile] = []
     try:
         for f in version_files(record.manifest):
             copy = staging / f"oci-{hexdigest(f.digest)[:16]}-{len(staged)}"
-            shutil.copyfile(blob_path(f.digest, f.size), copy)
+            with layers.open(f.digest, f.size) as src, open(copy, "xb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
             staged.append(StagedFile(copy, VersionFile(f.role, f.name, f.digest, f.size,
                                                        f.tensors)))
     except BaseException:

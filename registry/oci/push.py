@@ -61,8 +61,10 @@ class MountMemo:
 
 
 def push_version(record: VersionRecord, client: OciClient, blob_path: BlobPath,
-                 memo: MountMemo) -> OciPush:
-    """Write ``record`` to ``client``'s repository under its tag (default ``v<N>``)."""
+                 memo: MountMemo, extra: tuple[list[modelpack.Layer], dict[str, bytes]] = ([], {})
+                 ) -> OciPush:
+    """Write ``record`` to ``client``'s repository under its tag (default ``v<N>``), with
+    ``extra`` layers given with their bytes (its signatures, signed.py)."""
     ref = client.ref
     if ref.digest is not None:
         raise RefError(f"cannot push to {ref}: a push names a tag (oci://HOST/REPO:TAG), the "
@@ -70,7 +72,9 @@ def push_version(record: VersionRecord, client: OciClient, blob_path: BlobPath,
     if ref.tag is None:
         ref = client.ref = ref.with_tag(f"v{record.version}")
     manifest_bytes = mf.dumps(record.manifest)
-    layers = modelpack.layers_for(record.manifest, manifest_bytes)
+    layers = modelpack.layers_for(record.manifest, manifest_bytes) + extra[0]
+    # Small layers sent from memory: the manifest layer and the signatures.
+    inline = {**extra[1], sha256_bytes(manifest_bytes): manifest_bytes}
     config = modelpack.encode(modelpack.config_for(record.manifest, layers))
     body = modelpack.manifest_for(config, layers, modelpack.annotations_for(record.manifest))
 
@@ -90,8 +94,8 @@ def push_version(record: VersionRecord, client: OciClient, blob_path: BlobPath,
                 mounted.append(layer.digest)
                 progress(layer.size)
                 return
-        if layer.media_type == modelpack.REGISTRY_MANIFEST:
-            client.put_blob(layer.digest, manifest_bytes)
+        if layer.digest in inline:
+            client.put_blob(layer.digest, inline[layer.digest])
         else:
             client.upload(layer.digest, blob_path(layer.digest, layer.size), layer.size,
                           session=session, progress=progress)

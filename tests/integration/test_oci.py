@@ -222,8 +222,16 @@ def test_another_producers_artifact_imports_like_a_checkpoint_directory(
     assert mv.metadata["source"]["wrapping"] == ["DataParallel/DistributedDataParallel"]
     expected = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     assert_same_state(reg.pull_state_dict("foreign", device="cpu"), expected)
-    with pytest.raises(registry.OciArtifactError, match="another ModelPack producer"):
-        reg.pull(oci.ref("foreign/lm", "v1"), device="cpu")
+    # A pull materializes it without an import: the same normalization, no catalog entry.
+    pulled = reg.pull(oci.ref("foreign/lm", "v1"), device="cpu", model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+    assert reg.list_versions("foreign") == [reg.show("foreign")]  # nothing added by the pull
+    digest = httpx.head(f"http://{oci.host}/v2/foreign/lm/manifests/v1",
+                        headers={"accept": modelpack.OCI_MANIFEST}).headers["docker-content-digest"]
+    fresh = Registry(home=tmp_path / "fresh")
+    by_digest = fresh.pull(f"oci://{oci.host}/foreign/lm@{digest}", device="auto", model=BlockLM)
+    assert_same_state(by_digest.state_dict(), model.state_dict())
+    assert fresh.list_models() == []
 
 
 def _sha(path: Path) -> str:
@@ -268,3 +276,79 @@ def test_a_push_to_another_repository_mounts_instead_of_uploading(
     assert done.uploaded == 0
     # only the config was sent again, the one blob the door puts whole
     assert len(oci.completed_uploads()) - before == 1
+
+
+def test_signatures_travel_with_the_artifact_and_verify_after_import(
+        reg: Registry, oci: OciRegistry, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signed version's bundles and records are layers of its artifact; imported under its
+    own name and number they verify as on the original; a pull applies REGISTRY_VERIFY."""
+    pytest.importorskip("model_signing")
+    from tests.keys import ec_key_pair
+
+    producer, stranger = ec_key_pair(tmp_path / "k", "producer"), ec_key_pair(tmp_path / "k", "x")
+    model = block_lm()
+    mv = reg.push(model, "lm", shard_size=SHARD, sign_key=producer.private)
+    reg.push_oci(mv.ref, oci.ref("signed/lm", "v1"))
+    doc = _manifest(oci, "signed/lm", "v1")
+    bundles = [x for x in doc["layers"] if x["mediaType"] == modelpack.SIGNATURE_BUNDLE]
+    signature = reg.show(mv.ref).metadata["signatures"][0]
+    assert [x["digest"] for x in bundles] == [signature["digest"]]
+    assert any(x["mediaType"] == modelpack.SIGNATURE_RECORDS for x in doc["layers"])
+
+    other = Registry(home=tmp_path / "elsewhere")
+    copy = other.import_oci(oci.ref("signed/lm", "v1"))
+    assert copy.ref == "lm:v1" and copy.digest == mv.digest
+    good = other.verify("lm:v1", public_keys=[producer.public])
+    assert [s.digest for s in good] == [signature["digest"]] and good[0].verified
+    renamed = other.import_oci(oci.ref("signed/lm", "v1"), "lm-renamed")  # signs lm:v1 only
+    assert other.verify(renamed.ref, public_keys=[producer.public]) == []
+
+    monkeypatch.setenv("REGISTRY_VERIFY", "require")
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(producer.public))
+    pulled = Registry(home=tmp_path / "third").pull(oci.ref("signed/lm", "v1"), device="cpu",
+                                                    model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(stranger.public))
+    with pytest.raises(registry.SignatureError, match="signed only by"):
+        Registry(home=tmp_path / "fourth").pull(oci.ref("signed/lm", "v1"), device="cpu",
+                                                model=BlockLM)
+
+
+def test_another_producers_tar_layers_pull(reg: Registry, oci: OciRegistry,
+                                           tmp_path: Path) -> None:
+    """modctl-style archived layers (``weight.v1.tar+gzip``, ``weight.config.v1.tar``) pushed
+    by oras-py are unpacked and pulled."""
+    import tarfile
+
+    import oras.provider
+    from safetensors.torch import save_file
+
+    model = block_lm()
+    save_file({k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              tmp_path / "model.safetensors")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    archives = []
+    for name, media_type, mode in (("model.safetensors", modelpack.WEIGHT, "w:gz"),
+                                   ("tokenizer.json", modelpack.WEIGHT_CONFIG, "w")):
+        archive = tmp_path / f"{name}.tar"
+        with tarfile.open(archive, mode) as tar:
+            tar.add(tmp_path / name, arcname=name)
+        suffix = ".tar+gzip" if mode == "w:gz" else ".tar"
+        archives.append((archive, {"mediaType": media_type.replace(".raw", suffix),
+                                   "digest": _sha(archive), "size": archive.stat().st_size,
+                                   "annotations": {modelpack.FILEPATH: name}}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"config": {"format": "safetensors"}}))
+    client = oras.provider.Registry(hostname=oci.host, insecure=True)
+    container = client.get_container(f"{oci.host}/foreign/tarred:v1")
+    for archive, layer in archives:
+        client.upload_blob(str(archive), container, layer)
+    conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
+            "size": config.stat().st_size}
+    client.upload_blob(str(config), container, conf)
+    client.upload_manifest({"schemaVersion": 2, "mediaType": modelpack.OCI_MANIFEST,
+                            "artifactType": modelpack.ARTIFACT_TYPE, "config": conf,
+                            "layers": [layer for _, layer in archives]}, container)
+    pulled = reg.pull(oci.ref("foreign/tarred", "v1"), device="cpu", model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())

@@ -4,8 +4,10 @@ half version reaches the catalog."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from collections.abc import Iterator
 
 import pytest
@@ -232,3 +234,124 @@ def test_bad_oci_refs(text: str) -> None:
     with pytest.raises(registry.RefError):
         parse_oci_ref(text)
 
+
+
+# -- the spec's tar layers (another producer's archives) -------------------------------------
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes]], *, gzip: bool = False) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz" if gzip else "w") as tar:
+        for info, body in members:
+            info.size = len(body) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(body) if info.isreg() else None)
+    return out.getvalue()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_tar_layers_import_and_pull_like_raw_ones(fake: FakeOci, reg: registry.Registry,
+                                                  gzip: bool) -> None:
+    archive = _tar([(_member("./", tarfile.DIRTYPE), b""),
+                    (_member("./model.safetensors"), _weights())], gzip=gzip)
+    config = _tar([(_member("notes/README.md"), b"# m\n")], gzip=gzip)
+    suffix = ".tar+gzip" if gzip else ".tar"
+    fake.blobs.update({sha(archive): archive, sha(config): config})
+    fake.add_artifact("m", "v1", [
+        _layer(archive, "model.safetensors",
+               media_type=modelpack.WEIGHT.replace(".raw", suffix)),
+        _layer(config, "notes", media_type=modelpack.DOC.replace(".raw", suffix))])
+    module = reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)
+    assert torch.equal(module.fc.weight, torch.arange(12.0).reshape(3, 4))
+    mv = reg.import_oci(fake.ref("m:v1"), "m")
+    assert sorted(mv.metadata["tensors"]) == ["fc.bias", "fc.weight"]
+    assert reg.settings.cache_dir.joinpath("oci", "checkouts").exists()
+    assert list(reg.settings.cache_dir.joinpath("oci", "checkouts").iterdir()) == []
+
+
+class _Fc(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+
+@pytest.mark.parametrize("member", [
+    _member("../escape.safetensors"), _member("/etc/cron.d/evil"),
+    _member("a/../../outside.txt"), _member(".hidden/x"),
+    _member("model.safetensors", tarfile.SYMTYPE, "/etc/passwd"),
+    _member("model.safetensors", tarfile.LNKTYPE, "../../victim"),
+    _member("fifo", tarfile.FIFOTYPE), _member("dev", tarfile.CHRTYPE),
+], ids=["dotdot", "absolute", "climb", "hidden", "symlink", "hardlink", "fifo", "device"])
+def test_a_tar_member_that_is_not_a_plain_file_inside(fake: FakeOci, reg: registry.Registry,
+                                                      member: tarfile.TarInfo) -> None:
+    archive = _tar([(_member("model.safetensors"), _weights()), (member, b"owned\n")])
+    fake.blobs[sha(archive)] = archive
+    fake.add_artifact("m", "v1", [_layer(archive, "model",
+                                         media_type=modelpack.WEIGHT.replace(".raw", ".tar"))])
+    with pytest.raises(registry.OciArtifactError, match="holds"):
+        reg.import_oci(fake.ref("m:v1"), "m")
+    with pytest.raises(registry.OciArtifactError, match="holds"):
+        reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)
+    _nothing_kept(reg)
+    assert list(reg.settings.cache_dir.joinpath("oci", "checkouts").iterdir()) == []
+
+
+def test_two_layers_writing_one_file_and_zstd_are_refused(fake: FakeOci,
+                                                          reg: registry.Registry) -> None:
+    data = _weights()
+    archive = _tar([(_member("model.safetensors"), data)])
+    fake.blobs.update({sha(data): data, sha(archive): archive})
+    fake.add_artifact("m", "v1", [
+        _layer(data), _layer(archive, "more", media_type=modelpack.WEIGHT + "x")])
+    fake.add_artifact("m", "v2", [
+        _layer(data), _layer(archive, "more",
+                             media_type=modelpack.WEIGHT.replace(".raw", ".tar"))])
+    fake.add_artifact("m", "v3", [
+        _layer(archive, "more", media_type=modelpack.WEIGHT.replace(".raw", ".tar+zstd"))])
+    with pytest.raises(registry.OciArtifactError, match="media type"):
+        reg.import_oci(fake.ref("m:v1"), "m")
+    with pytest.raises(registry.OciArtifactError, match="two members or layers write"):
+        reg.import_oci(fake.ref("m:v2"), "m")
+    with pytest.raises(registry.OciArtifactError, match="zstd"):
+        reg.pull(fake.ref("m:v3"), device="cpu", model=_Fc)
+    _nothing_kept(reg)
+
+
+def test_a_tar_that_unpacks_past_the_free_space_stops(fake: FakeOci, reg: registry.Registry,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.oci import door
+
+    archive = _tar([(_member("model.safetensors"), _weights()),
+                    (_member("big.bin"), b"\0" * 65536)], gzip=True)
+    fake.blobs[sha(archive)] = archive
+    fake.add_artifact("m", "v1", [_layer(archive, "model",
+                                         media_type=modelpack.WEIGHT.replace(".raw",
+                                                                             ".tar+gzip"))])
+    monkeypatch.setattr(door, "free_bytes", lambda _root: 4096)
+    with pytest.raises(registry.OciArtifactError, match="left free in the cache"):
+        reg.import_oci(fake.ref("m:v1"), "m")
+    _nothing_kept(reg)
+
+
+def test_a_foreign_pull_checks_each_layer_and_adds_no_version(fake: FakeOci,
+                                                              reg: registry.Registry) -> None:
+    data = _weights()
+    forged = bytearray(data)
+    forged[-1] ^= 0xFF
+    fake.blobs[sha(data)] = bytes(forged)
+    fake.add_artifact("m", "v1", [_layer(data)])
+    with pytest.raises(registry.DigestMismatchError, match=sha(data)):
+        reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)
+    _nothing_kept(reg)
+    fake.blobs[sha(data)] = data
+    module = reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)
+    assert torch.equal(module.fc.bias, torch.zeros(3))
+    assert reg.list_models() == []
+    fetched = len(fake.asked("GET", "/blobs/"))
+    again = reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)  # normalized once, then cached
+    assert torch.equal(again.fc.weight, module.fc.weight)
+    assert len(fake.asked("GET", "/blobs/")) == fetched

@@ -1,0 +1,179 @@
+"""Another ModelPack producer's artifact (safetensors and config layers, raw or tar, with no
+registry manifest) as a checkpoint directory, and as a version a pull can materialize.
+
+An import pushes the checkout directory (the push normalizes it). A pull
+(``registry.pull("oci://...")``) normalizes it the same way (:func:`registry.normalize.normalize`
+and, for a ``save_pretrained`` directory, its ``config.json``), writes the normalized shards
+into the verified cache and holds the version's manifest under ``oci/foreign/<digest>.json``:
+a second pull of the same manifest digest reads the shards from the cache, verified again by
+their digests as every pull reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import manifest as mf
+from ..attachments import transformers_architecture
+from ..cache import BlobCache
+from ..catalog.records import VersionRecord
+from ..digests import hexdigest
+from ..errors import OciArtifactError, RefError, RegistryError
+from ..files import StagedFile, weights_digest
+from ..normalize import dtype_name, normalize
+from ..refs import validate_name
+from ..weights import write_shards
+from . import modelpack
+from .pull import LayerFetcher
+from .unpack import Budget, place, unpack
+
+FALLBACK_NAME = "oci-model"
+
+
+def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, origin: str,
+             budget: int) -> Path:
+    """A new directory under ``root`` holding the artifact's files: each raw layer at its file
+    path, each tar layer unpacked. It must hold safetensors weights from a weight layer."""
+    root.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(dir=root, prefix="checkout-"))
+    claimed: set[str] = set()
+    weights: list[str] = []
+    left = Budget(budget)
+    try:
+        for layer in artifact.layers:
+            if layer.media_type in modelpack.OWN_TYPES:
+                continue
+            what = f"{origin} layer {layer.digest}"
+            with layers.open(layer.digest, layer.size) as fh:
+                if modelpack.is_tar(layer.media_type):
+                    names = unpack(fh, layer.media_type, target, what=what, claimed=claimed,
+                                   budget=left)
+                else:
+                    if layer.filepath in claimed:
+                        raise OciArtifactError(f"{what}: another layer wrote {layer.filepath!r};"
+                                               " the artifact was not used")
+                    place(fh, target / layer.filepath)  # filepath passed check_file_name
+                    claimed.add(layer.filepath)
+                    names = [layer.filepath]
+            if layer.media_type.startswith(modelpack.WEIGHT.removesuffix(".raw") + "."):
+                weights += [n for n in names if n.endswith(".safetensors") and "/" not in n]
+        if not weights:
+            raise OciArtifactError(
+                f"{origin} holds no safetensors weights at its top level ({modelpack.WEIGHT} "
+                "layers, or their .tar forms, with *.safetensors files, as a checkpoint "
+                "directory holds them)")
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def version(artifact: modelpack.Artifact, layers: LayerFetcher, cache_root: Path, *,
+            manifest_digest: str, origin: str, repository: str, shard_size: int,
+            budget: int) -> VersionRecord:
+    """The normalized version of another producer's artifact, its shards in the cache."""
+    cache = BlobCache(cache_root)
+    memo = cache_root / "oci" / "foreign" / f"{hexdigest(manifest_digest)}.json"
+    held = _held(memo, cache, origin)
+    if held is not None:
+        return _record(held)
+    layers.prefetch(artifact.layers)
+    directory = checkout(artifact, layers, cache_root / "oci" / "checkouts", origin=origin,
+                         budget=budget)
+    try:
+        weights = normalize(directory)
+        architecture = {**weights.architecture, **(transformers_architecture(directory) or {})}
+        staged = write_shards(weights.tensors, shard_size, cache.tmp_dir())
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    try:
+        for s in staged:
+            _keep(cache, s)
+    finally:
+        for s in staged:
+            s.path.unlink(missing_ok=True)
+    source = {**weights.source, "oci": {"ref": origin, "digest": manifest_digest}}
+    source.get("checkpoint", {}).pop("file", None)  # the checkout's temporary name
+    shards = [s.file for s in staged]
+    manifest: dict[str, Any] = {
+        "format_version": mf.FORMAT_VERSION,
+        "name": _name(artifact, repository),
+        "version": 1,
+        "created_at": _created(artifact),
+        "digest": weights_digest(shards),
+        "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
+                   "tensors": list(f.tensors)} for f in shards],
+        "tensor_count": len(weights.tensors) + len(weights.tied),
+        "tensors": {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                    for k, t in weights.tensors.items()},
+        "extras": weights.extras,
+        "architecture": architecture,
+        "source": source,
+        "module_metadata": weights.module_metadata,
+        "key_order": weights.key_order,
+        "tags": {},
+    }
+    mf.validate(manifest, origin=origin)
+    _write(memo, mf.dumps(manifest))
+    return _record(manifest)
+
+
+def _keep(cache: BlobCache, staged: StagedFile) -> None:
+    """A normalized shard into the cache (its digest was computed as it was written)."""
+    def move(tmp: Path) -> str:
+        os.replace(staged.path, tmp)
+        return staged.digest
+
+    cache.open(staged.digest, move, staged.size).close()
+
+
+def _held(memo: Path, cache: BlobCache, origin: str) -> dict[str, Any] | None:
+    """The manifest a pull of this artifact normalized before, if its shards are still cached
+    (each is verified again when the pull opens it)."""
+    try:
+        manifest = mf.loads(memo.read_bytes(), origin=origin)
+    except (OSError, RegistryError, ValueError):
+        return None
+    if all(cache.path(f["digest"]).is_file() for f in manifest["files"]):
+        return manifest
+    return None
+
+
+def _record(manifest: dict[str, Any]) -> VersionRecord:
+    size = sum(f["size"] for f in manifest["files"])
+    return VersionRecord(manifest["name"], manifest["version"], manifest["digest"], size,
+                         manifest, {}, [])
+
+
+def _name(artifact: modelpack.Artifact, repository: str) -> str:
+    """The ModelPack descriptor's name where it is a valid model name, else the repository's
+    last part."""
+    for candidate in (artifact.annotations.get("org.cncf.model.name"),
+                      repository.rsplit("/", 1)[-1]):
+        with contextlib.suppress(RefError):
+            return validate_name(candidate)
+    return FALLBACK_NAME
+
+
+def _created(artifact: modelpack.Artifact) -> str:
+    stamp = artifact.annotations.get("org.opencontainers.image.created", "")
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        when = datetime.now(timezone.utc)
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).isoformat()
+
+
+def _write(path: Path, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # a memo only saves normalizing again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".foreign-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
