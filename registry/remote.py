@@ -66,7 +66,7 @@ class RemoteBackend:
         self.transport = Transport(self.url, token=token, timeout=timeout, cache=self.cache,
                                    httpx_transport=transport)
         self.exports = RemoteExports(self.transport)
-        self.signatures = RemoteSignatures(self.transport.call, self.blob_path)
+        self.signatures = RemoteSignatures(self.transport)
 
     def __repr__(self) -> str:  # never show the token
         return f"RemoteBackend({self.url!r})"
@@ -93,7 +93,8 @@ class RemoteBackend:
         side, then commit."""
         files = [s.file for s in staged]
         begun = self.transport.call("POST", f"/models/{segment(name)}/pushes",
-                           json={"version": version, "files": [f.to_row() for f in files]})
+                                    json={"version": version,
+                                          "files": [f.to_row() for f in files]})
         number = answer_field(begun, "push answer", "version", version_number)
         by_digest = {s.digest: s for s in staged}
         try:
@@ -140,10 +141,10 @@ class RemoteBackend:
         return record_from_wire(self.transport.call("GET", "/resolve", params={"ref": str(ref)}))
 
     def blob_path(self, digest: str, size: int) -> Path:
-        return self.cache.get(digest, lambda tmp: self.transport.download(digest, size, tmp), size)
+        return self.transport.blob_path(digest, size)
 
     def open_blob(self, digest: str, size: int) -> BinaryIO:
-        return self.cache.open(digest, lambda tmp: self.transport.download(digest, size, tmp), size)
+        return self.transport.open_blob(digest, size)
 
     # -- reads and changes ----------------------------------------------------------------
 
@@ -223,5 +224,5 @@ class RemoteBackend:
 
     def mlflow_sync(self, *, full: bool = False) -> dict[str, Any]:
         """Ask the server to bring its MLflow mirror up to date (admin scope)."""
-        return answer_object(self.transport.call("POST", "/mlflow/sync",
-                                        params={"full": str(full).lower()}), "sync report")
+        answer = self.transport.call("POST", "/mlflow/sync", params={"full": str(full).lower()})
+        return answer_object(answer, "sync report")

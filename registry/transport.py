@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
 from . import boundedjson
@@ -146,6 +146,15 @@ class Transport:
             os.chmod(blob, 0o444)
             os.replace(blob, target)
             self.cache.verified.remember(target, digest)
+
+    def blob_path(self, digest: str, size: int) -> Path:
+        """A path holding verified bytes of blob ``digest``: the cache's, downloaded first when
+        it is not there."""
+        return self.cache.get(digest, lambda tmp: self.download(digest, size, tmp), size)
+
+    def open_blob(self, digest: str, size: int) -> BinaryIO:
+        """:meth:`blob_path`'s file, open."""
+        return self.cache.open(digest, lambda tmp: self.download(digest, size, tmp), size)
 
     def download(self, digest: str, size: int, tmp: Path) -> str:
         """Stream blob ``digest`` into ``tmp``, resuming with a Range request if the stream
