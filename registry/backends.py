@@ -23,6 +23,7 @@ from .errors import (
     NotFoundError,
     UnexpectedUploadError,
 )
+from .exports.local import LocalExports
 from .files import (
     StagedFile,
     VersionFile,
@@ -31,11 +32,11 @@ from .files import (
     version_files,
     weights_digest,
 )
-from .gc import DEFAULT_GRACE, GcReport, orphan_manifests
+from .gc import DEFAULT_GRACE, GcReport, collect, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .publish import Copies
 from .refs import Ref
-from .settings import DEFAULT_PUSH_LEASE, Settings
+from .settings import DEFAULT_PUSH_LEASE, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
@@ -120,6 +121,7 @@ class LocalBackend:
         self.cache = BlobCache(cache_dir)
         self.verified = VerifiedFiles(cache_dir / "verified")
         self.signatures = LocalSignatures(catalog, store)
+        self.exports = LocalExports(catalog, store, self.verified)
         # The store's copies of catalog facts, and what a failed write left owed.
         self.copies = Copies()
 
@@ -127,6 +129,8 @@ class LocalBackend:
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
                       store: ObjectStore | None = None) -> LocalBackend:
         if catalog is None:
+            # Here, not at the top: the catalog loads sqlalchemy (~0.3 s), which a client of a
+            # registry server (RemoteBackend, which imports this module) never needs.
             from .catalog.repository import Catalog
 
             catalog = Catalog(settings.catalog_url, auto_migrate=settings.auto_migrate)
@@ -139,8 +143,6 @@ class LocalBackend:
         )
 
     def __repr__(self) -> str:
-        from .settings import redact_url
-
         return f"catalog={redact_url(self.catalog.url)!r}, store={self.store.url!r}"
 
     def close(self) -> None:
@@ -389,38 +391,29 @@ class LocalBackend:
 
     def delete_version(self, name: str, version: int, *,
                        force: bool = False) -> VersionRecord:
-        from .exports import local as exports
-
         record = self.catalog.delete_version(name, version, force=force)
         self.store.put_bytes(mf.tombstone_key(name, version), b"")
         self.store.delete(mf.manifest_key(name, version))
-        exports.drop(self, name, version)
+        self.exports.drop(name, version)
         self._publish(name, (), aliases=True)
         return record
 
     def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
         """Export records of ``name:vN`` (registry/exports/local.py)."""
-        from .exports import local as exports
-
-        return exports.list_exports(self, name, version)
+        return self.exports.list_exports(name, version)
 
     def register_export(self, name: str, version: int, record: dict[str, Any],
                         path: Path) -> dict[str, Any]:
-        from .exports import local as exports
-
-        return exports.register(self, name, version, record, path)
+        return self.exports.register(name, version, record, path)
 
     # -- maintenance ----------------------------------------------------------------------
 
     def gc(self) -> GcReport:
         """Delete what no version references, in the store and the local cache, and what
         crashed processes left behind; nothing younger than ``self.grace`` (registry/gc.py)."""
-        from .exports import local as exports
-        from .gc import collect
-
         def referenced() -> set[str]:
             return (self.catalog.referenced_digests(pending_grace=self.grace)
-                    | exports.referenced(self))
+                    | self.exports.referenced())
 
         temporary = [self.cache.root / "tmp"]
         if isinstance(self.store, Staging):
@@ -440,11 +433,9 @@ class LocalBackend:
         Every store object is checked first; one the registry cannot have written (a key such as
         ``manifests/../../evil/v1.json``, bad JSON, a manifest failing its schema or digest, a bad
         export or signature list) refuses the rebuild, naming it; the catalog is unchanged."""
-        from .exports import local as exports
-
         manifests, retired, aliases = self.copies.read_back(self.store)
-        found, signed = exports.stored(self), self.signatures.stored()
+        found, signed = self.exports.stored(), self.signatures.stored()
         count = self.catalog.restore(manifests, retired, aliases)
-        exports.restore(self, found)
+        self.exports.restore(found)
         self.signatures.restore(signed)
         return count

@@ -178,9 +178,7 @@ def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
 
 def export_records(backend: LocalBackend, name: str, version: int) -> list[dict[str, Any]]:
     """The stored exports of ``name:vN`` (the ``registry.exports`` tag and description rows)."""
-    from .exports import local as exports
-
-    return list(exports.list_exports(backend, name, version))
+    return list(backend.exports.list_exports(name, version))
 
 
 def signature_tag(listed: list[dict[str, Any]]) -> str:

@@ -26,7 +26,7 @@ from .records import VersionRecord
 class StoreCopies:
     """Catalog methods behind the store's copies and exact push outcomes."""
 
-    _session: Callable[[], AbstractContextManager[Session]]
+    session: Callable[[], AbstractContextManager[Session]]
     _record: Callable[..., VersionRecord]
 
     def committed(self, name: str, version: int, manifest: dict[str, Any], *,
@@ -36,7 +36,7 @@ class StoreCopies:
         ``manifest`` (a retried commit whose answer was lost), else None. Its aliases and
         tags are today's: a retry never moves them back."""
         if session is None:
-            with self._session() as s:
+            with self.session() as s:
                 return self.committed(name, version, manifest, session=s)
         s = session
         if model is None:
@@ -60,7 +60,7 @@ class StoreCopies:
         store's copies are written in the catalog's order and the last one written is of the
         newest state: two pushes moving one alias can no longer leave the older table in the
         store (README, "Storage and guarantees")."""
-        with self._session() as s:
+        with self.session() as s:
             model = s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
             if model is None:
                 return
@@ -77,7 +77,7 @@ class StoreCopies:
     def version_states(self) -> dict[tuple[str, int], tuple[str, datetime]]:
         """(name, version) -> (state, reserved at) of every row: what gc compares the store's
         manifests with."""
-        with self._session() as s:
+        with self.session() as s:
             rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
                                     VersionRow.created_at)
                              .join(ModelRow, ModelRow.id == VersionRow.model_id)).all()
@@ -89,7 +89,7 @@ class StoreCopies:
         A push writes its manifest only after its commit (``LocalBackend.commit_push``), so a
         dead push left none; the delete names the state, so a push that commits at this very
         moment keeps its version."""
-        with self._session() as s:
+        with self.session() as s:
             cutoff = datetime.now(timezone.utc) - older_than
             stale = [i for i, created in s.execute(
                 select(VersionRow.id, VersionRow.created_at).where(VersionRow.state == PENDING))

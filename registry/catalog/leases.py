@@ -23,7 +23,7 @@ from .models import PENDING, ModelRow, VersionFileRow, VersionRow, aware
 class Leases:
     """Catalog methods that renew and release the leases of pushes in progress."""
 
-    _session: Callable[[], AbstractContextManager[Session]]
+    session: Callable[[], AbstractContextManager[Session]]
 
     def release_expired(self, s: Session, model_id: int, lease: timedelta) -> int:
         """In session ``s``: drop the reservations of model ``model_id`` whose lease expired
@@ -41,7 +41,7 @@ class Leases:
 
     def renew(self, name: str, version: int) -> bool:
         """Renew the lease of the push of ``name:vN``; False if it is not in progress."""
-        with self._session() as s:
+        with self.session() as s:
             model_id = select(ModelRow.id).where(ModelRow.name == name).scalar_subquery()
             done = s.execute(update(VersionRow).where(
                 VersionRow.model_id == model_id, VersionRow.version == version,
@@ -51,7 +51,7 @@ class Leases:
     def renew_listing(self, digest: str) -> None:
         """Renew the leases of the pushes in progress that list blob ``digest`` (a server
         receiving its upload)."""
-        with self._session() as s:
+        with self.session() as s:
             listing = select(VersionFileRow.version_id).where(VersionFileRow.digest == digest)
             s.execute(update(VersionRow).where(VersionRow.id.in_(listing),
                                                VersionRow.state == PENDING)

@@ -44,14 +44,14 @@ def live_claim(synced: str | None, now: float | None = None) -> bool:
 class MirrorStates:
     """Catalog methods of the MLflow mirror (mixed into :class:`Catalog`)."""
 
-    _session: Callable[[], AbstractContextManager[Session]]
+    session: Callable[[], AbstractContextManager[Session]]
 
     def mirror_states(self) -> list[tuple[str, int, str, str | None]]:
         """(name, version, state, mlflow_synced) of every ready or deleted version, and of
         every push in progress younger than :data:`CLAIM_TTL_S`: the mirror creates a model's
         MLflow versions in number order, so it waits for those before going past them."""
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=CLAIM_TTL_S)
-        with self._session() as s:
+        with self.session() as s:
             rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
                                     VersionRow.mlflow_synced, VersionRow.created_at)
                              .join(ModelRow, ModelRow.id == VersionRow.model_id)
@@ -62,7 +62,7 @@ class MirrorStates:
 
     def set_mirror_state(self, name: str, version: int, synced: str | None) -> None:
         """Record what the mirror wrote for ``name:vN`` (None marks it pending)."""
-        with self._session() as s:
+        with self.session() as s:
             model_id = select(ModelRow.id).where(ModelRow.name == name).scalar_subquery()
             s.execute(update(VersionRow).where(VersionRow.model_id == model_id,
                                                VersionRow.version == version)
@@ -72,7 +72,7 @@ class MirrorStates:
                           new: str | None) -> bool:
         """Set ``name:vN``'s mirror state to ``new`` only if it is still ``seen``; whether it
         was (one conditional UPDATE, so of two replicas that read ``seen`` exactly one wins)."""
-        with self._session() as s:
+        with self.session() as s:
             model_id = select(ModelRow.id).where(ModelRow.name == name).scalar_subquery()
             still = (VersionRow.mlflow_synced.is_(None) if seen is None
                      else VersionRow.mlflow_synced == seen)

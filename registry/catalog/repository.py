@@ -19,11 +19,13 @@ from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
 from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
+from .exports import ExportRows
 from .leases import Leases
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
 from .rebuild import add_version_files
 from .records import VersionRecord
+from .signatures import SignatureFiles
 from .warm import WarmResolves
 
 _CLAIM_RETRIES = 5
@@ -42,7 +44,7 @@ class Reservation:
     files: list[VersionFile]
 
 
-class Catalog(MirrorStates, StoreCopies, Leases):
+class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -68,7 +70,9 @@ class Catalog(MirrorStates, StoreCopies, Leases):
             self._checked = True
 
     @contextmanager
-    def _session(self) -> Iterator[Session]:
+    def session(self) -> Iterator[Session]:
+        """One transaction (committed on exit, rolled back on an error); the catalog's row
+        modules (exports, signatures) run their queries in it."""
         with mapped_errors(self.url):
             self._check_schema()
             with self._sessions.begin() as session:
@@ -97,7 +101,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
             raise RefError(f"invalid version {version}: versions run from 1 to {MAX_VERSION}")
         for attempt in range(_CLAIM_RETRIES):
             try:
-                with self._session() as s:
+                with self.session() as s:
                     model = self._model_for_update(s, name)
                     if lease is not None:  # pushes of this model that died (catalog/leases.py)
                         self.release_expired(s, model.id, lease)
@@ -150,7 +154,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
                tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
         """Make a reserved version visible, with its manifest, tags and aliases."""
         stored = json.dumps(manifest, sort_keys=True)
-        with self._session() as s:
+        with self.session() as s:
             # Lock the model row: concurrent commits that move the same alias would otherwise
             # both insert it on PostgreSQL and one would fail on the primary key.
             model = self._model(s, name, live=False, lock=True)
@@ -168,7 +172,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     def abort(self, name: str, version: int) -> bool:
         """Drop a reservation whose push failed; its number stays retired. Returns whether
         this call dropped it: a commit that won the race keeps its version."""
-        with self._session() as s:
+        with self.session() as s:
             model = s.scalar(select(ModelRow).where(ModelRow.name == name))
             if model is None:
                 return False
@@ -190,7 +194,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
                 warm.put(ref, stamp, found)
         if found is not None:
             return found.record(ref.name)
-        with self._session() as s:  # it does not resolve: this path raises the right error
+        with self.session() as s:  # it does not resolve: this path raises the right error
             model = self._model(s, ref.name, live=False)
             if ref.alias is not None:
                 target = s.scalar(select(AliasRow.version).where(
@@ -223,7 +227,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     def list_models(self, *, limit: int | None = None, after: str | None = None) -> list[str]:
         """Names of models with a live version, sorted; a page of ``limit`` names after
         ``after`` when given."""
-        with self._session() as s:
+        with self.session() as s:
             live = select(VersionRow.model_id).where(VersionRow.state == READY)
             query = select(ModelRow.name).where(ModelRow.id.in_(live)).order_by(ModelRow.name)
             if after is not None:
@@ -236,7 +240,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
                       after: int | None = None) -> list[VersionRecord]:
         """Live versions of ``name``, oldest first; a page of ``limit`` versions numbered
         above ``after`` when given."""
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name)
             query = select(VersionRow).where(
                 VersionRow.model_id == model.id, VersionRow.state == READY)
@@ -250,7 +254,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
             return [self._record(s, model, r, aliases) for r in rows]
 
     def aliases(self, name: str) -> dict[str, int]:
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name)
             return {a.alias: a.version for a in s.scalars(
                 select(AliasRow).where(AliasRow.model_id == model.id).order_by(AliasRow.alias))}
@@ -258,14 +262,14 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     # -- changes --------------------------------------------------------------------------
 
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name, lock=True)  # serializes alias writers, as in commit
             row = self._row(s, model, version)
             self._put_alias(s, model, alias, version)
             return self._record(s, model, row)
 
     def delete_alias(self, name: str, alias: str) -> None:
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name, lock=True)  # serializes with publish
             gone = s.execute(delete(AliasRow).where(
                 AliasRow.model_id == model.id, AliasRow.alias == alias))
@@ -274,7 +278,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         """Merge ``tags`` into the version's tags; a None value removes that key."""
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name, lock=True)  # serializes with publish
             row = self._row(s, model, version)
             merged = json.loads(row.tags)
@@ -293,7 +297,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
                        force: bool = False) -> VersionRecord:
         """Turn the version into a tombstone: invisible, its number retired, aliases dropped.
         A version aliases point at is refused unless ``force``: their consumers would break."""
-        with self._session() as s:
+        with self.session() as s:
             model = self._model(s, name, lock=True)  # serializes with publish and alias moves
             row = self._row(s, model, version)
             record = self._record(s, model, row)
@@ -318,7 +322,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     def referenced_digests(self, *, pending_grace: timedelta = timedelta(hours=6)) -> set[str]:
         """Blob digests that gc must keep: every file of a ready version, and of a push still
         in progress."""
-        with self._session() as s:
+        with self.session() as s:
             cutoff = _now() - pending_grace
             rows = s.execute(select(VersionFileRow.digest, VersionRow.state,
                                     VersionRow.created_at)
@@ -330,7 +334,7 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     def pending_upload(self, digest: str) -> int | None:
         """The size a push in progress declared for blob ``digest``, or None if no push in
         progress lists it (a server accepts an upload only then; gc drops stale pushes)."""
-        with self._session() as s:
+        with self.session() as s:
             sizes = s.scalars(select(VersionFileRow.size)
                               .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
                               .where(VersionFileRow.digest == digest,
@@ -340,12 +344,12 @@ class Catalog(MirrorStates, StoreCopies, Leases):
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
                 aliases: dict[str, dict[str, int]]) -> int:
         """Replace the catalog's contents with what the store holds (``registry db rebuild``)."""
-        with self._session() as s:
+        with self.session() as s:
             return rebuild.restore(s, manifests, retired, aliases)
 
     def reservation(self, name: str, version: int) -> Reservation | None:
         """The push in progress for ``name:vN``, or None if there is none."""
-        with self._session() as s:
+        with self.session() as s:
             row = s.scalar(select(VersionRow)
                            .join(ModelRow, ModelRow.id == VersionRow.model_id)
                            .where(ModelRow.name == name, VersionRow.version == version,
@@ -359,9 +363,14 @@ class Catalog(MirrorStates, StoreCopies, Leases):
                                 for f in files])
 
     def count_versions(self) -> int:
-        with self._session() as s:
+        with self.session() as s:
             return s.scalar(select(func.count()).select_from(VersionRow).where(
                 VersionRow.state == READY)) or 0
+
+    def version_row(self, s: Session, name: str, version: int) -> VersionRow:
+        """In session ``s``: the row of live version ``name:vN``; NotFoundError naming what
+        exists instead."""
+        return self._row(s, self._model(s, name), version)
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -37,10 +37,8 @@ class LocalSignatures:
         across the network (S3) the catalog's bundle rows are asked first, so an unsigned
         version costs no round trip; on this filesystem a stat is cheaper than a query, and
         keeps a warm resolve query-free (catalog/warm.py)."""
-        from ..catalog import signatures as rows
-
         if not isinstance(self.store, Staging) \
-                and not rows.has_signature_files(self.catalog, name, version):
+                and not self.catalog.has_signature_files(name, version):
             return []
         key = records.store_key(name, version)
         size = self.store.has(key)
@@ -96,10 +94,7 @@ class LocalSignatures:
         return record
 
     def add_rows(self, name: str, version: int, files: list[VersionFile]) -> None:
-        # The catalog's row helpers load sqlalchemy, which `import registry` must not.
-        from ..catalog import signatures as rows
-
-        rows.add_signature_files(self.catalog, name, version, files)
+        self.catalog.add_signature_files(name, version, files)
 
     def stored(self) -> list[tuple[str, int, list[dict[str, Any]]]]:
         """Every ``.signatures.json`` in the store, checked (read before a rebuild changes the
@@ -115,8 +110,6 @@ class LocalSignatures:
     def restore(self, found: list[tuple[str, int, list[dict[str, Any]]]]) -> int:
         """Catalog rows for what :meth:`stored` read, once the versions were restored (a
         deleted version's list, left in the store, is skipped: its number is never reused)."""
-        from ..catalog import signatures as rows
-
-        return rows.restore_signature_files(self.catalog, [
+        return self.catalog.restore_signature_files([
             (name, version, [f for r in listed for f in records.Signature.from_record(r).files()])
             for name, version, listed in found])

@@ -1,7 +1,7 @@
 """Signatures over a registry server: records by ``GET``/``POST`` on
 ``/models/{name}/versions/{n}/signatures`` (bundles inline, base64: each is at most
 ``MAX_BUNDLE_BYTES``), bundles read back through the verified blob cache. Every answer is
-checked before use. Built by RemoteBackend with the two calls it needs, never the backend.
+checked before use. Built by RemoteBackend over the transport it shares, never the backend.
 
 A push that signs sends its signature with the commit (:meth:`RemoteSignatures.commit_fields`),
 so a server that requires signatures (REGISTRY_REQUIRE_SIGNED) can refuse an unsigned commit
@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ..errors import NotFoundError, RegistryError, SignatureError
 from ..validate import answer_field
 from . import records
 from .oms import MAX_BUNDLE_BYTES
+
+if TYPE_CHECKING:  # `import registry` loads this module, and must not load the HTTP stack
+    from ..transport import Transport
 
 SIGNATURES_ROUTE = "/models/{name}/versions/{version}/signatures"
 
@@ -55,9 +57,8 @@ def from_wire(body: Mapping[str, Any], origin: str) -> tuple[dict[str, Any], dic
 class RemoteSignatures:
     """The signatures of a registry server's versions."""
 
-    def __init__(self, call: Callable[..., Any], blob_path: Callable[[str, int], Path]) -> None:
-        self._call = call
-        self._blob_path = blob_path
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
         # A signature a push in progress sends with its commit (set by the facade's push).
         self.commit_signer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
@@ -66,7 +67,7 @@ class RemoteSignatures:
         them holds no signatures; stripping them is what REGISTRY_VERIFY=require refuses, a
         hostile server could as well answer [])."""
         try:
-            answer = self._call("GET", route(name, version))
+            answer = self.transport.call("GET", route(name, version))
         except NotFoundError:
             return []
         return answer_field(answer, "signature list", "signatures",
@@ -76,11 +77,11 @@ class RemoteSignatures:
         if not 0 < size <= MAX_BUNDLE_BYTES:
             raise SignatureError(f"signature bundle {digest} is listed with {size} bytes, not a "
                                  f"bundle's size (at most {MAX_BUNDLE_BYTES}); it was not used")
-        return self._blob_path(digest, size).read_bytes()
+        return self.transport.blob_path(digest, size).read_bytes()
 
     def add(self, name: str, version: int, record: Mapping[str, Any],
             bundles: Mapping[str, bytes]) -> dict[str, Any]:
-        answer = self._call("POST", route(name, version), json=wire(record, bundles))
+        answer = self.transport.call("POST", route(name, version), json=wire(record, bundles))
         kept = answer_field(answer, "signature answer", "signature",
                             lambda v: records.check(v, "the server's signature answer"))
         if kept["digest"] != record["digest"]:

@@ -305,12 +305,9 @@ def test_exports_on_postgres_rebuild_delete_and_gc(pg_url: str, home: Path,
         reg.push(trained_mlp(), "mlp", factory=MLP)
         art = reg.export("mlp", format="torchscript", input_shapes=[(2, 8)])
         # The same parameters recorded twice keep the first row (a concurrent exporter lost).
-        from registry.catalog import exports as rows
-
         catalog = reg.backend.catalog  # type: ignore[attr-defined]
-        (record,) = rows.list_exports(catalog, "mlp", 1)
-        kept, inserted = rows.add_export(catalog, "mlp", 1,
-                                         {**record, "digest": "sha256:" + "0" * 64})
+        (record,) = catalog.list_exports("mlp", 1)
+        kept, inserted = catalog.add_export("mlp", 1, {**record, "digest": "sha256:" + "0" * 64})
         assert kept["digest"] == art.digest and not inserted
         reg.backend.rebuild()
         calls = no_export(monkeypatch)
@@ -354,7 +351,6 @@ def test_export_through_a_server_on_s3_goes_by_presigned_url(s3_endpoint: str, s
 
 def test_an_export_whose_blob_cannot_be_stored_leaves_no_record(
         reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry.backends import LocalBackend
     from registry.errors import StoreUnavailableError
 
     reg.push(trained_mlp(), "mlp", factory=MLP)
@@ -362,7 +358,8 @@ def test_an_export_whose_blob_cannot_be_stored_leaves_no_record(
     def broken(*_a: Any, **_k: Any) -> None:
         raise StoreUnavailableError("store down")
 
-    monkeypatch.setattr(LocalBackend, "upload", broken)
+    # The store refuses the blob: the exports' storage (backend.exports) stores it itself.
+    monkeypatch.setattr(type(reg.backend.store), "put_file", broken)  # type: ignore[attr-defined]
     with pytest.raises(StoreUnavailableError):
         reg.export("mlp", format="torchscript", input_shapes=[(2, 8)])
     monkeypatch.undo()

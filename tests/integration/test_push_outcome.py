@@ -57,7 +57,7 @@ def served(home: Path) -> Iterator[tuple[LocalBackend, TestClient]]:
 def _client(client: TestClient, lose: int = 0) -> tuple[registry.Registry, LostAnswers]:
     reg = registry.Registry("http://testserver")
     transport = LostAnswers(client._transport, lose)  # the app, in this process
-    reg.backend._transport = transport  # type: ignore[attr-defined]
+    reg.backend.transport.httpx_transport = transport  # type: ignore[attr-defined]
     return reg, transport
 
 

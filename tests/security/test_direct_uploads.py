@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import registry
-from registry import remote
+from registry import transport
 from registry.errors import DigestMismatchError
 from tests.helpers import trained_mlp
 from tests.integration.serving import Service, registry_server
@@ -47,10 +47,10 @@ def test_bytes_put_at_a_presigned_url_under_a_predicted_digest_are_refused_and_d
                                                                             **kwargs)
 
     attacker = registry.Registry(s3_server.url, home=home / "attacker")
-    monkeypatch.setattr(remote, "open", poisoned, raising=False)
+    monkeypatch.setattr(transport, "open", poisoned, raising=False)
     with pytest.raises(DigestMismatchError, match="deleted"):
         attacker.push(model, "victim-model")
-    monkeypatch.delattr(remote, "open")
+    monkeypatch.delattr(transport, "open")
     attacker.close()
     keys = [o["Key"] for o in raw_s3.list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
     assert not [k for k in keys if k.startswith("team/blobs/")], keys
