@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from .report import Row
 
 
 @contextlib.contextmanager
-def distribution(root: Path) -> Iterator[tuple[str, Any]]:
+def distribution(root: Path) -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
     """``docker-registry`` (Debian's distribution 2.8) on a free loopback port; yields its
     host and a function that empties its storage (a restart on a fresh directory)."""
     exe = shutil.which("docker-registry")
@@ -111,8 +111,11 @@ def oci_rows(b: Bench) -> list[Row]:
                                files=[str(p) for _, p in files],
                                disable_path_validation=True)
 
-        t = interleaved({"ours": Case(ours, prepare=lambda: (fresh(), shutil.rmtree(
-                             memo, ignore_errors=True))),
+        def fresh_registry_and_memo() -> None:
+            fresh()
+            shutil.rmtree(memo, ignore_errors=True)
+
+        t = interleaved({"ours": Case(ours, prepare=fresh_registry_and_memo),
                          "oras": Case(oras_push, prepare=fresh)}, runs=b.runs)
         _fill(rows[0], t["ours"].median, t["oras"].median, "push_oci", "oras-py push",
               b.nbytes)
@@ -141,10 +144,12 @@ def oci_rows(b: Bench) -> list[Row]:
             m.load_state_dict(state_dict, assign=True)
             return touch_module(m)
 
+        def empty_scratch() -> None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+
         t = interleaved({"ours": Case(our_pull, prepare=lambda: clear_cache(reg)),
-                         "oras": Case(oras_pull, prepare=lambda: (
-                             shutil.rmtree(scratch, ignore_errors=True),
-                             scratch.mkdir(parents=True)))}, runs=b.runs)
+                         "oras": Case(oras_pull, prepare=empty_scratch)}, runs=b.runs)
         _fill(rows[1], t["ours"].median, t["oras"].median, "pull", "oras-py pull + load",
               b.nbytes)
         rows[2] = _repush(rows[2], b, state["host"])
