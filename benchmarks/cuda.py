@@ -1,4 +1,4 @@
-"""Row 18: a pull to CUDA against pinned host-to-device bandwidth, runai and fastsafetensors.
+"""CUDA (row 18): a pull to CUDA against pinned host-to-device bandwidth, runai and fastsafetensors.
 
 Runs only where ``torch.cuda.is_available()``; elsewhere the row says it was not run. Every
 case ends with ``torch.cuda.synchronize()`` so its time includes the copies it queued, and
@@ -16,18 +16,16 @@ import torch
 
 import registry
 
-from .measure import Case, interleaved
-from .peers import _meta_module
+from .helpers import MB, Bench, Case, duration, interleaved, meta_module
 from .report import Row
 
-MB = 1e6
+
+def _duration(seconds: float) -> str:
+    """Row 18's times: in ms up to 10 s (a GPU load of the model takes tens of ms)."""
+    return duration(seconds, ms_below=10, digits=1)
 
 
-def _s(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def cuda_pull(b: Any) -> list[Row]:
+def cuda_pull(b: Bench) -> list[Row]:
     row = Row(18, "pull to `cuda`, warm page cache", "pinned host-to-device copy of the same "
               "bytes; runai-model-streamer; fastsafetensors (no GDS); safetensors load_file "
               "onto cuda", ">= 0.8x bandwidth; ahead of both peers")
@@ -57,7 +55,7 @@ def cuda_pull(b: Any) -> list[Row]:
         return done(reg.pull(ref, device=device))
 
     def safetensors_cuda() -> Any:
-        m = _meta_module(b.size)
+        m = meta_module(b.size)
         m.load_state_dict(load_file(str(blob), device=str(device)), assign=True)
         return done(m)
 
@@ -75,7 +73,7 @@ def cuda_pull(b: Any) -> list[Row]:
                 streamer.stream_file(str(blob))
                 for key, tensor in streamer.get_tensors():
                     state[key] = tensor.to(device)  # as vLLM does with each streamed tensor
-            m = _meta_module(b.size)
+            m = meta_module(b.size)
             m.load_state_dict(state, assign=True)
             return done(m)
 
@@ -90,7 +88,7 @@ def cuda_pull(b: Any) -> list[Row]:
             try:
                 loader.add_filenames({0: [str(blob)]})
                 buffers = loader.copy_files_to_device()
-                m = _meta_module(b.size)
+                m = meta_module(b.size)
                 state = {k: buffers.get_tensor(k).clone() for k in keys}
                 buffers.close()
                 m.load_state_dict(state, assign=True)
@@ -107,9 +105,10 @@ def cuda_pull(b: Any) -> list[Row]:
     p, bw = medians["pull"], medians["pinned copy"]
     peers = {k: v for k, v in medians.items()
              if k in ("runai-model-streamer", "fastsafetensors")}
-    row.measured = (f"pull {_s(p)} ({nbytes / p / 1e9:.1f} GB/s), pinned copy {_s(bw)} "
+    row.measured = (f"pull {_duration(p)} ({nbytes / p / 1e9:.1f} GB/s), pinned copy "
+                    f"{_duration(bw)} "
                     f"({nbytes / bw / 1e9:.1f} GB/s); "
-                    + ", ".join(f"{k} {_s(v)}" for k, v in medians.items()
+                    + ", ".join(f"{k} {_duration(v)}" for k, v in medians.items()
                                 if k not in ("pull", "pinned copy")))
     row.ratio = f"{bw / p:.2f}x bandwidth" + "".join(
         f"; {v / p:.2f}x faster than {k}" for k, v in peers.items())

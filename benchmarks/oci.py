@@ -1,4 +1,4 @@
-"""Rows 19-21 (issue 36): the OCI door against the CNCF distribution registry on loopback.
+"""OCI (rows 19-21): the OCI door against the CNCF distribution registry on loopback.
 
 19: ``push_oci`` of the bench version against oras-py pushing the same files (both into an
     empty registry each run). 20: a pull to CPU against oras-py fetching the same layers plus
@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,23 @@ import torch
 import registry
 from registry.files import version_files
 
-from . import model
-from .measure import Case, interleaved, touch_module
+from .helpers import (
+    FACTORY,
+    Bench,
+    Case,
+    build,
+    clear_cache,
+    duration,
+    interleaved,
+    kwargs,
+    meta_module,
+    touch_module,
+)
 from .report import Row
 
 
-def _s(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
 @contextlib.contextmanager
-def distribution(root: Path) -> Iterator[tuple[str, Any]]:
+def distribution(root: Path) -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
     """``docker-registry`` (Debian's distribution 2.8) on a free loopback port; yields its
     host and a function that empties its storage (a restart on a fresh directory)."""
     exe = shutil.which("docker-registry")
@@ -74,7 +80,7 @@ def distribution(root: Path) -> Iterator[tuple[str, Any]]:
         stop()
 
 
-def oci_rows(b: Any) -> list[Row]:
+def oci_rows(b: Bench) -> list[Row]:
     rows = [Row(19, "push to the local distribution registry (OCI, ModelPack)",
                 "oras-py pushing the same files to an empty registry", "<= 1.1x"),
             Row(20, "pull from it to CPU", "oras-py pull of the same layers + load_file + "
@@ -105,8 +111,11 @@ def oci_rows(b: Any) -> list[Row]:
                                files=[str(p) for _, p in files],
                                disable_path_validation=True)
 
-        t = interleaved({"ours": Case(ours, prepare=lambda: (fresh(), shutil.rmtree(
-                             memo, ignore_errors=True))),
+        def fresh_registry_and_memo() -> None:
+            fresh()
+            shutil.rmtree(memo, ignore_errors=True)
+
+        t = interleaved({"ours": Case(ours, prepare=fresh_registry_and_memo),
                          "oras": Case(oras_push, prepare=fresh)}, runs=b.runs)
         _fill(rows[0], t["ours"].median, t["oras"].median, "push_oci", "oras-py push",
               b.nbytes)
@@ -131,17 +140,16 @@ def oci_rows(b: Any) -> list[Row]:
                 client.download_blob(container, layer["digest"], str(path))
                 if path.suffix == ".safetensors":
                     state_dict.update(load_file(path))
-            with torch.device("meta"):
-                m = model.BenchModel(**model.kwargs(b.size))
+            m = meta_module(b.size)
             m.load_state_dict(state_dict, assign=True)
             return touch_module(m)
 
-        from .rows import _clear_cache
+        def empty_scratch() -> None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
 
-        t = interleaved({"ours": Case(our_pull, prepare=lambda: _clear_cache(reg)),
-                         "oras": Case(oras_pull, prepare=lambda: (
-                             shutil.rmtree(scratch, ignore_errors=True),
-                             scratch.mkdir(parents=True)))}, runs=b.runs)
+        t = interleaved({"ours": Case(our_pull, prepare=lambda: clear_cache(reg)),
+                         "oras": Case(oras_pull, prepare=empty_scratch)}, runs=b.runs)
         _fill(rows[1], t["ours"].median, t["oras"].median, "pull", "oras-py pull + load",
               b.nbytes)
         rows[2] = _repush(rows[2], b, state["host"])
@@ -150,24 +158,24 @@ def oci_rows(b: Any) -> list[Row]:
 
 def _fill(row: Row, ours: float, peer: float, name: str, peer_name: str, nbytes: int) -> None:
     ratio = ours / peer
-    row.measured = (f"{name} {_s(ours)} ({nbytes / ours / 1e6:.0f} MB/s), {peer_name} "
-                    f"{_s(peer)} ({nbytes / peer / 1e6:.0f} MB/s)")
+    row.measured = (f"{name} {duration(ours)} ({nbytes / ours / 1e6:.0f} MB/s), {peer_name} "
+                    f"{duration(peer)} ({nbytes / peer / 1e6:.0f} MB/s)")
     row.ratio = f"{ratio:.2f}x"
     row.ok = ratio <= float(row.target.removeprefix("<= ").removesuffix("x"))
 
 
-def _repush(row: Row, b: Any, host: str) -> Row:
+def _repush(row: Row, b: Bench, host: str) -> Row:
     reg = registry.Registry(home=b.work / "oci-repush-home")
-    net = model.build(b.size)
+    net = build(b.size)
     shard = max(b.nbytes // 8, 2**20)
-    v1 = reg.push(net, "tuned", shard_size=shard, factory=model.FACTORY,
-                  factory_kwargs=model.kwargs(b.size))
+    v1 = reg.push(net, "tuned", shard_size=shard, factory=FACTORY,
+                  factory_kwargs=kwargs(b.size))
     reg.push_oci("tuned:v1", f"oci://{host}/bench/tuned")
     with torch.no_grad():
         for p in net.blocks[-1].parameters():
             p.add_(0.01)
-    v2 = reg.push(net, "tuned", shard_size=shard, factory=model.FACTORY,
-                  factory_kwargs=model.kwargs(b.size))
+    v2 = reg.push(net, "tuned", shard_size=shard, factory=FACTORY,
+                  factory_kwargs=kwargs(b.size))
     done = reg.push_oci("tuned:v2", f"oci://{host}/bench/tuned")
     old = {f.digest for f in version_files(v1.metadata)}
     changed = sum(f.size for f in version_files(v2.metadata) if f.digest not in old)

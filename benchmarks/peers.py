@@ -1,4 +1,5 @@
-"""Rows 14-17 of issue 15: the pull against the loaders a user would pick instead.
+"""Peers (rows 14-16): the pull against the loaders a user would pick instead, from a local file
+with the page cache warm and then cold, and from S3.
 
 Peers (the ``bench`` extra): runai-model-streamer, tensorizer, fastsafetensors (CPU, no GDS) and
 ``torch.load(mmap=True)`` + ``load_state_dict(assign=True)``. Every case ends with a module
@@ -7,9 +8,7 @@ whose every byte was read once (``touch``), so a memory-mapped load is charged i
 
 from __future__ import annotations
 
-import contextlib
 import os
-import statistics
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,16 +19,27 @@ import torch
 import registry
 from registry import manifest as mf
 
-from . import measure, model
-from .measure import Case, interleaved, touch_module
+from .helpers import (
+    FACTORY,
+    MB,
+    Bench,
+    Case,
+    Size,
+    build,
+    clear_cache,
+    duration,
+    env,
+    huge_mapped,
+    interleaved,
+    kwargs,
+    local_backend,
+    meta_module,
+    touch_module,
+)
 from .report import Row
+from .s3 import s3_endpoint, store_transfer_config
 
-MB = 1e6
 TORCH_FILE = "peers-state_dict.pt"  # the state dict torch.load(mmap) maps, in the scratch dir
-
-
-def _s(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def can_drop_caches() -> bool:
@@ -41,20 +51,15 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("1")
 
 
-def _meta_module(size: model.Size) -> torch.nn.Module:
-    with torch.device("meta"):
-        return model.BenchModel(**model.kwargs(size))
-
-
-def torch_mmap_module(pt: Path, size: model.Size) -> torch.nn.Module:
+def torch_mmap_module(pt: Path, size: Size) -> torch.nn.Module:
     """The module as ``torch.load(mmap=True)`` + ``load_state_dict(assign=True)`` builds it."""
-    m = _meta_module(size)
+    m = meta_module(size)
     m.load_state_dict(torch.load(pt, mmap=True, weights_only=True, map_location="cpu"),
                       assign=True)
     return m
 
 
-def _huge_note(b: Any, prepare: Callable[[], Any] | None) -> str:
+def _huge_note(b: Bench, prepare: Callable[[], Any] | None) -> str:
     """How much of each mapped load's page cache maps by 2 MiB pages, after a touch."""
     loads = {"the pull's shard": lambda: b.reg.pull(b.ref, device="cpu"),
              "torch.load's file": lambda: torch_mmap_module(b.scratch(TORCH_FILE), b.size)}
@@ -64,13 +69,13 @@ def _huge_note(b: Any, prepare: Callable[[], Any] | None) -> str:
             prepare()
         module = load()
         touch_module(module)
-        share = measure.huge_mapped(module)
+        share = huge_mapped(module)
         shown.append(f"{what} {'unknown' if share is None else f'{share:.0%}'}")
     return ("Mapped by 2 MiB pages after a sample (FilePmdMapped / Rss in /proc/self/smaps; "
             "the rest costs a fault per 64 KiB): " + ", ".join(shown) + ".")
 
 
-def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
+def peer_cases(blob: Path, size: Size, scratch: Callable[[str], Path],
                net: torch.nn.Module) -> tuple[dict[str, Callable[[], Any]], list[str]]:
     """``{peer: load}`` for every peer installed here, and notes on those that are not."""
     from safetensors import safe_open
@@ -97,7 +102,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
                 streamer.stream_file(str(blob))
                 for key, tensor in streamer.get_tensors():
                     state[key] = tensor.clone()  # the streamer reuses its buffer
-            m = _meta_module(size)
+            m = meta_module(size)
             m.load_state_dict(state, assign=True)
             return touch_module(m)
 
@@ -113,7 +118,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
         serializer.close()
 
         def tensorizer() -> float:
-            m = _meta_module(size)
+            m = meta_module(size)
             deserializer = TensorDeserializer(str(tz), device="cpu")
             deserializer.load_into_module(m)
             deserializer.close()
@@ -130,7 +135,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
             try:
                 loader.add_filenames({0: [str(blob)]})
                 buffers = loader.copy_files_to_device()
-                m = _meta_module(size)
+                m = meta_module(size)
                 m.load_state_dict({k: buffers.get_tensor(k) for k in keys}, assign=True)
                 acc = touch_module(m)  # before close(): the tensors live in its buffers
                 buffers.close()
@@ -144,7 +149,7 @@ def peer_cases(blob: Path, size: model.Size, scratch: Callable[[str], Path],
     return cases, missing
 
 
-def warm_and_cold(b: Any) -> list[Row]:
+def warm_and_cold(b: Bench) -> list[Row]:
     """Rows 14 and 15: a local pull of the default model, page cache warm and then cold."""
     cases, missing = peer_cases(b.blob, b.size, b.scratch, b.net)
     ours = {"pull": lambda: touch_module(b.reg.pull(b.ref, device="cpu"))}
@@ -165,7 +170,7 @@ def warm_and_cold(b: Any) -> list[Row]:
         peers = {k: v for k, v in medians.items() if k in cases}
         best_peer = min(peers, key=peers.__getitem__)
         pull = medians["pull"]
-        row.measured = "; ".join(f"{name} {_s(v)}" for name, v in medians.items())
+        row.measured = "; ".join(f"{name} {duration(v)}" for name, v in medians.items())
         row.ratio = f"{pull / peers[best_peer]:.2f}x {best_peer}"
         row.ok = pull / peers[best_peer] <= (0.9 if cold else 1.0)
         row.notes.append("Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ".")
@@ -190,48 +195,6 @@ def _read_ahead_kb() -> str:
     return "unknown"
 
 
-def small_pull(b: Any) -> list[Row]:
-    """Row 17: the fixed cost of a pull and its peak RSS, on a ~200 MB model."""
-    from safetensors.torch import load_file
-
-    size = b.s3_size
-    reg = registry.Registry(home=b.work / "small-home")
-    with contextlib.closing(reg):
-        mv = reg.push(model.build(size), "small", factory=model.FACTORY,
-                      factory_kwargs=model.kwargs(size))
-        blob = reg.backend.store.open_local(mf.blob_key(mv.digest))  # type: ignore[attr-defined]
-        ref = str(mv)
-        runs = max(b.runs, 11)
-        t = interleaved({
-            "floor": Case(lambda: measure.touch(load_file(str(blob)).values())),
-            "pull": Case(lambda: touch_module(reg.pull(ref, device="cpu"))),
-        }, runs=runs, warmup=2)
-    f, p = t["floor"].median, t["pull"].median
-    pulls, floors = [], []
-    for _ in range(b.runs):
-        r = measure.probe("pull", home=str(b.work / "small-home"), ref=ref)
-        pulls.append(r["peak"] - r["baseline"])
-        r = measure.probe("load_file", path=str(blob))
-        floors.append(r["peak"] - r["baseline"])
-    rp, rf = statistics.median(pulls), statistics.median(floors)
-    nbytes = blob.stat().st_size
-    row = Row(17, f"local pull, {nbytes / MB:.0f} MB", "`load_file` + touch",
-              "fixed cost <= 2 ms; peak RSS <= 1.05x load_file's")
-    row.measured = (f"pull {p * 1000:.1f} ms, floor {f * 1000:.1f} ms; peak RSS +{rp / MB:.0f} "
-                    f"MB vs +{rf / MB:.0f} MB")
-    row.ratio = f"+{(p - f) * 1000:.1f} ms; {rp / rf:.2f}x RSS"
-    row.ok = p - f <= 0.002 and rp / rf <= 1.05
-    row.notes.append(
-        f"Times: median of {runs} interleaved runs after 2 warm-ups; samples (s): pull "
-        f"{t['pull'].spread()}, floor {t['floor'].spread()}. Peak RSS: VmHWM after writing 5 to "
-        f"/proc/self/clear_refs, minus VmRSS before, in a fresh interpreter, median of "
-        f"{len(pulls)}. What remains of the fixed cost, largest first: building the module on "
-        "meta (the model's own constructor: nn.Module's Python for each submodule), the "
-        "catalog resolve and manifest check, check_fits and tie detection, reading the shard's "
-        "header and making its tensors, assigning them, and the verification memo.")
-    return [row]
-
-
 # runai's S3 client (aws-c-http) drops a ranged GET that falls below its minimum throughput
 # within 1 s; moto copies the whole object for every ranged GET, so it needs these to finish.
 RUNAI_S3_ENV = {"RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "120000",
@@ -239,10 +202,8 @@ RUNAI_S3_ENV = {"RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "120000",
                 "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
 
 
-def s3_peer(b: Any) -> list[Row]:
+def s3_peer(b: Bench) -> list[Row]:
     """Row 16: a cold pull from S3 (moto) against runai-model-streamer and raw boto3."""
-    from . import rows, services
-
     row = Row(16, "S3 cold pull to CPU (moto on loopback)", "runai-model-streamer on the same "
               "object and endpoint; raw boto3 at the store's concurrency",
               "<= 0.9x runai; <= 1.1x boto3")
@@ -255,56 +216,45 @@ def s3_peer(b: Any) -> list[Row]:
         return [row]
     import boto3
 
-    with services.moto_server() as endpoint:
-        os.environ["REGISTRY_S3_ENDPOINT_URL"] = endpoint.url
-        saved = {k: os.environ.get(k) for k in RUNAI_S3_ENV}
-        os.environ.update(RUNAI_S3_ENV)
-        try:
-            bucket = "registry-peers"
-            client = boto3.client("s3", endpoint_url=endpoint.url)
-            client.create_bucket(Bucket=bucket)
-            reg = registry.Registry(home=b.work / "s3-peers-home", store=f"s3://{bucket}/models")
-            mv = reg.push(model.build(b.s3_size), "bench", factory=model.FACTORY,
-                          factory_kwargs=model.kwargs(b.s3_size))
-            nbytes = int(mv.metadata["files"][0]["size"])
-            store = reg.backend.store  # type: ignore[attr-defined]
-            key = store.uri(mf.blob_key(mv.digest)).removeprefix(f"s3://{bucket}/")
-            config = rows._store_transfer_config(reg)
-            target = b.scratch("peers-boto3")
-            creds = S3Credentials(access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
-                                  secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
-                                  region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                                  endpoint=endpoint.url)
-            ref = str(mv)
+    bucket = "registry-peers"
+    with s3_endpoint() as endpoint, env(**RUNAI_S3_ENV):
+        client = boto3.client("s3", endpoint_url=endpoint.url)
+        client.create_bucket(Bucket=bucket)
+        reg = registry.Registry(home=b.work / "s3-peers-home", store=f"s3://{bucket}/models")
+        mv = reg.push(build(b.s3_size), "bench", factory=FACTORY,
+                      factory_kwargs=kwargs(b.s3_size))
+        nbytes = int(mv.metadata["files"][0]["size"])
+        key = local_backend(reg).store.uri(mf.blob_key(mv.digest)).removeprefix(
+            f"s3://{bucket}/")
+        config = store_transfer_config(reg)
+        target = b.scratch("peers-boto3")
+        creds = S3Credentials(access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                              secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                              region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                              endpoint=endpoint.url)
+        ref = str(mv)
 
-            def runai() -> float:
-                state = {}
-                with SafetensorsStreamer() as streamer:
-                    streamer.stream_file(f"s3://{bucket}/{key}", s3_credentials=creds)
-                    for name, tensor in streamer.get_tensors():
-                        state[name] = tensor.clone()
-                m = _meta_module(b.s3_size)
-                m.load_state_dict(state, assign=True)
-                return touch_module(m)
+        def runai() -> float:
+            state = {}
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_file(f"s3://{bucket}/{key}", s3_credentials=creds)
+                for name, tensor in streamer.get_tensors():
+                    state[name] = tensor.clone()
+            m = meta_module(b.s3_size)
+            m.load_state_dict(state, assign=True)
+            return touch_module(m)
 
-            t = interleaved({
-                "pull": Case(lambda: touch_module(reg.pull(ref, device="cpu")),
-                             prepare=lambda: rows._clear_cache(reg)),
-                "boto3": Case(lambda: client.download_file(bucket, key, str(target),
-                                                           Config=config),
-                              cleanup=lambda: target.unlink(missing_ok=True)),
-                "runai": Case(runai),
-            }, runs=b.runs)
-            reg.close()
-        finally:
-            os.environ.pop("REGISTRY_S3_ENDPOINT_URL", None)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        t = interleaved({
+            "pull": Case(lambda: touch_module(reg.pull(ref, device="cpu")),
+                         prepare=lambda: clear_cache(reg)),
+            "boto3": Case(lambda: client.download_file(bucket, key, str(target), Config=config),
+                          cleanup=lambda: target.unlink(missing_ok=True)),
+            "runai": Case(runai),
+        }, runs=b.runs)
+        reg.close()
     p, f, r = (t[k].median for k in ("pull", "boto3", "runai"))
-    row.measured = f"pull {_s(p)}, runai {_s(r)}, boto3 {_s(f)}; {nbytes / MB:.0f} MB model"
+    row.measured = (f"pull {duration(p)}, runai {duration(r)}, boto3 {duration(f)}; "
+                    f"{nbytes / MB:.0f} MB model")
     row.ratio = f"{p / r:.2f}x runai; {p / f:.2f}x boto3"
     row.ok = p / r <= 0.9 and p / f <= 1.1
     row.notes.append(

@@ -59,8 +59,7 @@ def main(action: str, options: dict[str, Any]) -> dict[str, Any]:
         return resolve(options)
     import torch
 
-    from benchmarks.measure import touch, touch_module
-    from benchmarks.model import BenchModel
+    from benchmarks.helpers import BenchModel, touch, touch_module
 
     if action == "pull":
         import registry

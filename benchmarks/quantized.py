@@ -1,5 +1,6 @@
-"""Rows 22-24 (issue 35): a quantized pull against torchao's own load of the same weights, an
-adapter pull against its base's, and what an adapter version stores against its tensors."""
+"""Quantized models and adapters (rows 22-24): a quantized pull against torchao's own load of
+the same weights, an adapter pull against its base's, and what an adapter version stores against
+its tensors."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from typing import Any
 
 import torch
 
-from . import model
-from .measure import Case, interleaved, touch
+from .helpers import FACTORY, Bench, Case, build, duration, interleaved, kwargs, meta_module, touch
 from .report import Row
-from .rows import Bench, _s
 
 
 def touch_quantized(module: torch.nn.Module) -> int:
@@ -55,17 +54,16 @@ def _int8_pull(b: Bench) -> Row:
     )
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    net = model.build(b.size)
+    net = build(b.size)
     quantize_(net, Int8WeightOnlyConfig())
-    mv = b.reg.push(net, "bench-int8", factory=model.FACTORY, factory_kwargs=model.kwargs(b.size))
+    mv = b.reg.push(net, "bench-int8", factory=FACTORY, factory_kwargs=kwargs(b.size))
     flat, metadata = flatten_tensor_state_dict(net.state_dict())
     path = b.scratch("int8.safetensors")
     save_file(flat, str(path), metadata=metadata)
 
     def torchao_load() -> int:
         # What torchao's safetensors support gives a user: load, unflatten, assign on meta.
-        with torch.device("meta"):
-            target = model.BenchModel(**model.kwargs(b.size))
+        target = meta_module(b.size)
         state, _ = unflatten_tensor_state_dict(load_file(str(path)), metadata)
         target.load_state_dict(state, assign=True)
         return touch_quantized(target)
@@ -80,7 +78,7 @@ def _int8_pull(b: Bench) -> Row:
     row = Row(22, "pull of an int8 weight-only model to CPU, module ready, every byte read",
               "torchao's own load of the same weights from safetensors (load_file + "
               "unflatten_tensor_state_dict + assign on meta)", "<= 1.1x")
-    row.measured = f"pull {_s(pull)}, torchao {_s(peer)} ({stored / 1e6:.0f} MB stored)"
+    row.measured = f"pull {duration(pull)}, torchao {duration(peer)} ({stored / 1e6:.0f} MB stored)"
     row.ratio = f"{pull / peer:.2f}x"
     row.ok = pull / peer <= 1.1
     row.notes.append(f"Samples (s): pull {t['pull'].spread()}, torchao {t['torchao'].spread()}.")
@@ -90,7 +88,7 @@ def _int8_pull(b: Bench) -> Row:
 def _adapter_rows(b: Bench) -> list[Row]:
     import peft
 
-    base = model.build(b.size)
+    base = build(b.size)
     config = peft.LoraConfig(r=8, target_modules=["up", "down"], init_lora_weights=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,7 +102,7 @@ def _adapter_rows(b: Bench) -> list[Row]:
     pull, alone = t["adapter"].median, t["base"].median
     row23 = Row(23, "pull of base + LoRA adapter (base cached), every byte read",
                 "pull of the base alone", "<= 1.1x")
-    row23.measured = f"base + adapter {_s(pull)}, base {_s(alone)}"
+    row23.measured = f"base + adapter {duration(pull)}, base {duration(alone)}"
     row23.ratio = f"{pull / alone:.2f}x"
     row23.ok = pull / alone <= 1.1
     row23.notes.append(f"Samples (s): base + adapter {t['adapter'].spread()}, base "

@@ -8,26 +8,29 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, model, oci, peers, quantized, rows, shards, signing
-from .measure import ROOT, pin_malloc_threshold
+from . import cuda, local, oci, peers, pushes, quantized, s3, signing, startup
+from .helpers import FULL, QUICK, ROOT, S3_MODEL, Bench, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 
-# Row groups in the order they run; each returns the rows it fills.
+# Row groups in the order they run; each returns the rows it fills. Row 13 pulls the model that
+# rows 10-11 pushed (or pushes it, when they are not run).
 GROUPS = [
-    ((1, 2), rows.local_pull),
-    ((3,), rows.peak_rss),
-    ((4,), rows.push),
-    ((5, 6), rows.s3_rows),
-    ((7,), rows.dtype_change),
-    ((8,), rows.import_time),
-    ((9,), rows.catalog_resolve),
-    ((10, 11, 12, 13), shards.sharded_rows),
+    ((1, 2), local.local_pull),
+    ((3,), local.peak_rss),
+    ((4,), pushes.push),
+    ((5, 6), s3.s3_rows),
+    ((7,), local.dtype_change),
+    ((8,), startup.import_time),
+    ((9,), startup.catalog_resolve),
+    ((10, 11), pushes.sharded_push),
+    ((13,), local.sharded_pull),
+    ((12,), s3.sharded_s3_pull),
     ((14, 15), peers.warm_and_cold),
     ((16,), peers.s3_peer),
-    ((17,), peers.small_pull),
+    ((17,), local.small_pull),
     ((18,), cuda.cuda_pull),
     ((19, 20, 21), oci.oci_rows),
     ((22, 23, 24), quantized.quantized_rows),
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be at least 5: every figure is a median of 5 or more runs")
     every = {n for numbers, _ in GROUPS for n in numbers}
     wanted = {int(x) for x in args.rows.split(",") if x.strip()} or every
-    size = model.QUICK if args.quick else model.FULL
+    size = QUICK if args.quick else FULL
     output = args.output or (WORK / "results-quick.md" if args.quick else HERE / "results.md")
 
     malloc = pin_malloc_threshold()
@@ -59,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"building and pushing the {size.label} model ({size.float32_bytes / 1e6:.0f} MB)...",
           file=sys.stderr)
-    bench = rows.Bench.create(size, args.runs, work, model.QUICK if args.quick else model.S3)
+    bench = Bench.create(size, args.runs, work, QUICK if args.quick else S3_MODEL)
     facts = machine_facts(ROOT, {
         "model": f"{size.label}: {size.blocks} blocks of Linear {size.dim} -> {size.hidden} -> "
                  f"{size.dim} + LayerNorm, float32, {size.parameters:,} parameters, "
                  f"{bench.nbytes / 1e6:.0f} MB file (rows 5-6 and 17: "
-                 f"{(model.QUICK if args.quick else model.S3).float32_bytes / 1e6:.0f} MB)",
+                 f"{(QUICK if args.quick else S3_MODEL).float32_bytes / 1e6:.0f} MB)",
         "runs": f"median of {args.runs} timed runs after 1 warm-up per figure "
                 "(row 8: 7 runs; row 9: 200 calls per ref)",
         "malloc mmap threshold": malloc,

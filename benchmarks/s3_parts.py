@@ -19,6 +19,8 @@ from pathlib import Path
 from registry.settings import Settings
 from registry.store import open_store
 
+from . import services
+
 MiB = 2**20
 PARTS = ["8MiB", "16MiB", "32MiB", "64MiB"]
 CONCURRENCY = ["4", "8", "16"]
@@ -59,8 +61,6 @@ def main() -> None:
         results = sweep(args.endpoint, args.bucket, args.size * MiB, args.runs)
     else:
         import boto3
-
-        from . import services
 
         with services.moto_server() as moto:
             boto3.client("s3", endpoint_url=moto.url).create_bucket(Bucket=args.bucket)

@@ -1,4 +1,4 @@
-"""Rows 34-36 (issue 34): what signatures cost. A pull under ``REGISTRY_VERIFY=require`` against
+"""Signing (rows 34-36): what signatures cost. A pull under ``REGISTRY_VERIFY=require`` against
 the same pull with verification off; ``Registry.verify`` against the reference package's
 verification of the same files; a push with ``sign_key`` against the same push without."""
 
@@ -7,17 +7,13 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import registry
 from registry.signing import oms
 
-from . import model
-from .measure import Case, interleaved, touch_module
+from .helpers import FACTORY, Bench, Case, duration, env, interleaved, kwargs, touch_module
 from .report import Row
-from .rows import Bench, _local, _s
 
 
 def _key_pair(directory: Path) -> tuple[Path, Path]:
@@ -35,20 +31,6 @@ def _key_pair(directory: Path) -> tuple[Path, Path]:
     return private, public
 
 
-@contextmanager
-def _env(**values: str) -> Iterator[None]:
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def signed_rows(b: Bench) -> list[Row]:
     try:
         import model_signing.verifying
@@ -60,9 +42,9 @@ def signed_rows(b: Bench) -> list[Row]:
     private, public = _key_pair(b.scratch("keys"))
     b.reg.sign(b.ref, key=private)
     home = b.work / "home"
-    with _env(REGISTRY_VERIFY="off"):
+    with env(REGISTRY_VERIFY="off"):
         off = registry.Registry(home=home)
-    with _env(REGISTRY_VERIFY="require", REGISTRY_TRUSTED_KEYS=str(public)):
+    with env(REGISTRY_VERIFY="require", REGISTRY_TRUSTED_KEYS=str(public)):
         strict = registry.Registry(home=home)
 
     # Row 34: the pull with and without the policy.
@@ -74,7 +56,7 @@ def signed_rows(b: Bench) -> list[Row]:
     }, runs=b.runs)
     p_off, p_req = t["off"].median, t["require"].median
     row34 = Row(*_ROWS[0])
-    row34.measured = f"require {_s(p_req)}, off {_s(p_off)}"
+    row34.measured = f"require {duration(p_req)}, off {duration(p_off)}"
     row34.ratio = f"{p_req / p_off:.3f}x"
     row34.ok = p_req / p_off <= 1.03
     row34.notes.append(
@@ -106,7 +88,7 @@ def signed_rows(b: Bench) -> list[Row]:
     }, runs=b.runs)
     ours, ref = t["ours"].median, t["reference"].median
     row35 = Row(*_ROWS[1])
-    row35.measured = f"verify {_s(ours)}, model_signing {_s(ref)}"
+    row35.measured = f"verify {duration(ours)}, model_signing {duration(ref)}"
     row35.ratio = f"{ref / ours:.0f}x faster"
     row35.ok = ref / ours >= 10
     row35.notes.append(
@@ -120,8 +102,8 @@ def signed_rows(b: Bench) -> list[Row]:
     names = itertools.count()
 
     def push(**options: object) -> None:
-        b.reg.push(b.net, f"bench-sign-{next(names)}", factory=model.FACTORY,
-                   factory_kwargs=model.kwargs(b.size), **options)  # type: ignore[arg-type]
+        b.reg.push(b.net, f"bench-sign-{next(names)}", factory=FACTORY,
+                   factory_kwargs=kwargs(b.size), **options)  # type: ignore[arg-type]
 
     t = interleaved({
         "plain": Case(push, prepare=os.sync),
@@ -129,7 +111,7 @@ def signed_rows(b: Bench) -> list[Row]:
     }, runs=b.runs)
     plain, signed = t["plain"].median, t["signed"].median
     row36 = Row(*_ROWS[2])
-    row36.measured = f"signed {_s(signed)}, plain {_s(plain)}"
+    row36.measured = f"signed {duration(signed)}, plain {duration(plain)}"
     row36.ratio = f"{signed / plain:.3f}x"
     row36.ok = signed / plain <= 1.05
     row36.notes.append(
@@ -137,7 +119,6 @@ def signed_rows(b: Bench) -> list[Row]:
         "one ECDSA signature over the digests the push already computed, and a few KiB stored.")
     for reg in (off, strict):
         reg.close()
-    _local(b.reg)  # the bench registry stays the local one the other rows use
     return [row34, row35, row36]
 
 
