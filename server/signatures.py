@@ -22,8 +22,8 @@ from registry.signing.remote import from_wire
 
 
 class CommitSignatures:
-    """The commit route's half: check a commit's signature before the version is visible,
-    store it once it is."""
+    """The policy both signature paths share: a commit's signature is admitted before the
+    version is visible and stored once it is; a posted one is checked the same way."""
 
     def __init__(self, local: LocalBackend, settings: Settings) -> None:
         self.local = local

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, StoreUnavailableError
-from . import Progress
+from .base import Progress
 from .layout import BLOBS, STAGING
 
 

@@ -30,7 +30,7 @@ from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
-from . import Progress
+from .base import Progress
 from .layout import BLOBS, touched_key
 from .retry import DEFAULT_RETRY_SECONDS, TRANSIENT_CODES, Backoff, T, Unreachable, retried
 
