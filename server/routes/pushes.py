@@ -2,8 +2,9 @@
 
 ``POST /models/{name}/pushes`` reserves a number (and says where to upload each blob the store
 lacks), the client uploads, then ``POST /models/{name}/pushes/{n}/commit`` sends the manifest,
-which must describe exactly the reserved push; a repeat of a commit that went through (its
-answer lost) gets the same answer. ``DELETE /models/{name}/pushes/{n}`` gives the number back.
+which must describe exactly the reserved push (``server/commits.py``); a repeat of a commit
+that went through (its answer lost) gets the same answer. ``DELETE .../pushes/{n}`` gives the
+number back.
 """
 
 from __future__ import annotations
@@ -16,25 +17,22 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from registry import manifest as mf
-from registry.backends import LocalBackend
-from registry.catalog.records import VersionRecord
-from registry.catalog.repository import Reservation
 from registry.digests import check_digest
 from registry.direct_uploads import verify_blobs
-from registry.errors import ManifestError, NotFoundError, RefError, RegistryError
+from registry.errors import NotFoundError, RefError
 from registry.files import (
     MAX_FILE_BYTES,
     ROLES,
     VersionFile,
     check_file_name,
     check_push_files,
-    version_files,
 )
 from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
 from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, record_to_wire
 
 from ..boundary import Body
+from ..commits import checked_manifest, repeated_commit
 from ..dependencies import Backend, Changed, Signing, write
 from .blobs import upload_target
 
@@ -120,31 +118,3 @@ def _version_file(f: PushFile) -> VersionFile:
                        f"{MAX_FILE_BYTES} bytes for a file attached to a version")
     return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
                        f.size)
-
-
-def repeated_commit(local: LocalBackend, name: str, number: int, manifest: dict[str, Any],
-                    tags: dict[str, str]) -> VersionRecord | None:
-    """The version a commit of exactly this manifest made visible, or None."""
-    try:
-        checked = mf.validate(manifest, origin=f"manifest of {name}:v{number}")
-    except RegistryError:
-        return None
-    return local.committed_push(name, number, {**checked, "tags": tags})
-
-
-def checked_manifest(manifest: dict[str, Any], name: str, number: int,
-                     reserved: Reservation, tags: dict[str, str]) -> dict[str, Any]:
-    """The client's manifest, refused unless it is valid and describes exactly the reserved
-    push: its name, number, weights digest and the very files the reservation lists."""
-    origin = f"{name}:v{number}"
-    checked = mf.validate(manifest, origin=f"manifest of {origin}")
-    listed = sorted((f.role, f.name, f.digest, f.size) for f in version_files(checked))
-    expected = sorted((f.role, f.name, f.digest, f.size) for f in reserved.files)
-    if (checked["name"], checked["version"], checked["digest"]) != (name, number,
-                                                                    reserved.digest) \
-            or listed != expected:
-        raise ManifestError(f"manifest of {origin} does not describe the reserved push (name, "
-                            f"version, digest {reserved.digest} and its {len(expected)} files "
-                            "must match what the push began with)")
-    checked["tags"] = tags
-    return checked
