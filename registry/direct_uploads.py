@@ -21,18 +21,17 @@ from pathlib import Path
 from typing import cast
 
 from . import boundedjson
-from .digests import hexdigest
 from .errors import DigestMismatchError, NotFoundError
 from .files import VersionFile
 from .manifest import blob_key
 from .parallel import concurrently
-from .store import ObjectStore, Presigning
+from .store import ObjectStore, Presigning, layout
 
-CHECKED = "checked/sha256/"
+CHECKED = layout.CHECKED
 
 
 def checked_key(digest: str) -> str:
-    return CHECKED + hexdigest(digest)
+    return layout.checked_key(digest)
 
 
 def verify_blobs(store: ObjectStore, files: Sequence[VersionFile], scratch: Path) -> None:

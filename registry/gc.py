@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from .digests import PATTERN
-from .store import ObjectStore
+from .store import ObjectStore, layout
+from .store.layout import blob_digest, parse_blob_key
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
     now = datetime.now(timezone.utc)
     keep = referenced()
     candidates = []
-    for key in list(store.list("blobs/")):
+    for key in list(store.list(layout.BLOBS)):
         if parse_blob_key(key) is None:
             log.warning("gc skipped %r: not a blob key (blobs/sha256/<hex>)", key[:200])
             report.unknown += 1
@@ -111,16 +110,14 @@ def orphan_manifests(store: ObjectStore,
     their keys. Such a manifest can only be left by a crash of an older registry, which wrote
     manifests before the commit; `db rebuild` would otherwise restore a version never
     visible, whose blobs gc freed."""
-    from .validate import manifest_key
-
     now = datetime.now(timezone.utc)
     removed = []
-    for key in list(store.list("manifests/")):
+    for key in list(store.list(layout.MANIFESTS)):
         try:
-            name, version, suffix = manifest_key(key)
+            name, version, suffix = layout.parse_manifest_key(key)
         except ValueError:
             continue  # not ours to judge: `db rebuild` names it
-        if suffix != ".json" or (name, version) in states:
+        if suffix != layout.MANIFEST or (name, version) in states:
             continue  # ready; pending (in progress, or dropped by its grace); deleted (the
             # tombstone written by reconcile says so)
         modified = store.modified(key)
@@ -130,21 +127,6 @@ def orphan_manifests(store: ObjectStore,
         removed.append(key)
         log.info("gc removed %s: no such version was committed", key)
     return removed
-
-
-def blob_digest(key: str) -> str:
-    """``blobs/sha256/<hex>`` -> ``sha256:<hex>``."""
-    _, algorithm, hexdigest = key.split("/", 2)
-    return f"{algorithm}:{hexdigest}"
-
-
-def parse_blob_key(key: str) -> str | None:
-    """The digest ``blobs/sha256/<hex>`` names, or None for any other key."""
-    parts = key.split("/")
-    if len(parts) != 3 or parts[0] != "blobs":
-        return None
-    digest = f"{parts[1]}:{parts[2]}"
-    return digest if re.fullmatch(PATTERN, digest) else None
 
 
 def _sweep(directory: Path, cutoff: datetime, report: GcReport) -> None:

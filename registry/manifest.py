@@ -27,8 +27,9 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
 from . import architectures, boundedjson
-from .digests import check_digest, hexdigest, sha256_bytes, version_digest
+from .digests import check_digest, sha256_bytes, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
+from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # noqa: F401
 from .validate import MAX_BLOB_BYTES
 
 FORMAT_VERSION = 2
@@ -71,24 +72,6 @@ class ModelVersion:
             "aliases": list(self.aliases),
             "metadata": self.metadata,
         }
-
-
-def blob_key(digest: str) -> str:
-    """Store key of a blob: ``blobs/sha256/<hex>`` (the digest is checked first)."""
-    return f"blobs/sha256/{hexdigest(digest)}"
-
-
-def manifest_key(name: str, version: int) -> str:
-    return f"manifests/{name}/v{version}.json"
-
-
-def tombstone_key(name: str, version: int) -> str:
-    """Marks a deleted version in the store, so a rebuilt catalog still retires its number."""
-    return f"manifests/{name}/v{version}.deleted"
-
-
-def aliases_key(name: str) -> str:
-    return f"aliases/{name}.json"
 
 
 # The store's copy of a manifest carries the sha256 of its own canonical JSON under this key, so

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from . import validate
-from .store import ObjectStore
+from .store import ObjectStore, layout
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -91,7 +91,7 @@ class Copies:
         from .catalog.models import DELETED, READY
 
         states = catalog.version_states()
-        stored = set(store.list("manifests/"))
+        stored = set(store.list(layout.MANIFESTS))
         written: list[str] = []
         for name in sorted({n for n, _ in states}):
             mine = {v: state for (n, v), (state, _) in states.items() if n == name}
@@ -115,17 +115,17 @@ class Copies:
         live catalog writes what a failed write owed)."""
         manifests: list[dict[str, Any]] = []
         retired: set[tuple[str, int]] = set()
-        for key in store.list("manifests/"):
-            name, version, suffix = validate.manifest_key(key)
-            if suffix == ".json":
+        for key in store.list(layout.MANIFESTS):
+            name, version, suffix = layout.parse_manifest_key(key)
+            if suffix == layout.MANIFEST:
                 data = validate.stored_bytes(store.has(key), key, store.get_bytes)
                 manifests.append(validate.stored_manifest(
                     mf.loads(data, origin=key), name=name, version=version, origin=key))
-            elif suffix == ".deleted":
+            elif suffix == layout.TOMBSTONE:
                 retired.add((name, version))
         aliases: dict[str, dict[str, int]] = {}
-        for key in store.list("aliases/"):
-            name = validate.aliases_key(key)
+        for key in store.list(layout.ALIASES):
+            name = layout.parse_aliases_key(key)
             data = validate.stored_bytes(store.has(key), key, store.get_bytes)
             aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
         # A tombstone is written before its manifest is removed: if both are there, the

@@ -18,7 +18,6 @@ where manifests are read (``manifest.py``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,7 +25,7 @@ from . import boundedjson
 from .catalog.records import VersionRecord
 from .digests import check_digest
 from .errors import CheckpointError, RefError, RegistryError, quoted
-from .refs import MAX_VERSION, NAME_PATTERN, validate_alias, validate_name, validate_tags
+from .refs import MAX_VERSION, validate_alias, validate_name, validate_tags
 
 T = TypeVar("T")
 
@@ -35,14 +34,9 @@ MAX_BLOB_BYTES = 2**50
 # List endpoints: the page size when none is asked for, and the most one page may hold.
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-# Store keys (S3 allows 1024 bytes); anything longer is not one the registry wrote.
-MAX_KEY_LENGTH = 1024
 # Manifests and alias tables read back from a store (a manifest of 1M tensors is ~100 MB).
 MAX_STORE_OBJECT = 256 * 2**20
 
-_MANIFEST_KEY_RE = re.compile(rf"manifests/(?P<name>{NAME_PATTERN})/v(?P<version>[1-9][0-9]{{0,9}})"
-                              r"(?P<suffix>(?:\.[a-z]+)+)")
-_ALIASES_KEY_RE = re.compile(rf"aliases/(?P<name>{NAME_PATTERN})\.json")
 _REBUILD_FIX = ("nothing was restored: remove or repair that object in the store, then run "
                 "`registry db rebuild` again")
 
@@ -172,34 +166,6 @@ def _list(value: object, what: str, most: int) -> list[Any]:
 
 
 # -- store objects (db rebuild) ---------------------------------------------------------------
-
-def manifest_key(key: object) -> tuple[str, int, str]:
-    """(name, version, suffix) of a key under ``manifests/``: ``manifests/<name>/v<N><suffix>``.
-
-    The name must match the name grammar and N the version range, so a key such as
-    ``manifests/../../evil/v1.json`` never names a model.
-    """
-    if isinstance(key, str) and len(key) <= MAX_KEY_LENGTH and \
-            (match := _MANIFEST_KEY_RE.fullmatch(key)):
-        version = int(match["version"])
-        if version <= MAX_VERSION:
-            return match["name"], version, match["suffix"]
-    raise CheckpointError(
-        f"store object {quoted(key)} is not manifests/<name>/v<N>.json or .deleted with a "
-        f"valid model name and version, so the registry did not write it; {_REBUILD_FIX}"
-    )
-
-
-def aliases_key(key: object) -> str:
-    """The model name of a key ``aliases/<name>.json``."""
-    if isinstance(key, str) and len(key) <= MAX_KEY_LENGTH and \
-            (match := _ALIASES_KEY_RE.fullmatch(key)):
-        return match["name"]
-    raise CheckpointError(
-        f"store object {quoted(key)} is not aliases/<name>.json with a valid model name, so the "
-        f"registry did not write it; {_REBUILD_FIX}"
-    )
-
 
 def stored_bytes(size: int | None, key: str, read: Callable[[str], bytes]) -> bytes:
     """The bytes of a small store object (a manifest or an alias table), read only if its size

@@ -6,6 +6,7 @@ JSON answer (errors included) is encoded so that no stored value can make it fai
   disk, a push's blob bounded by the size its push reserved, an export's by MAX_BLOB_BYTES.
 - :class:`AsciiJSONResponse` escapes non-ASCII, so a lone surrogate in a tag or a manifest (valid
   in JSON, invalid in UTF-8) cannot turn every later read into a 500.
+- :class:`Body` is the base of every JSON request body: strict types, no unknown fields.
 - :func:`error_response` sends ``{"error": {"code", "message"}}`` with the message cut to
   :data:`MAX_MESSAGE` characters: an error names the bad value, never echoes a body whole.
 """
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 
 from registry.wire import API, error_body
 
@@ -36,6 +38,13 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Body(BaseModel):
+    """A JSON request body, read strictly: JSON true is not version 1 and "3" is not the
+    integer 3; unknown fields are refused rather than ignored."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class AsciiJSONResponse(JSONResponse):

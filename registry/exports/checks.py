@@ -21,19 +21,18 @@ from typing import Any
 
 from .. import boundedjson
 from ..cache import VerifiedFiles
-from ..digests import hexdigest
 from ..direct_uploads import verify_blob
 from ..errors import ExportError, NotFoundError, UnexpectedUploadError
 from ..manifest import blob_key
-from ..store import ObjectStore
+from ..store import ObjectStore, layout
 
-PENDING = "exports-pending/sha256/"
+PENDING = layout.EXPORTS_PENDING
 MAGIC = {"onnx": (b"\x08",), "torchscript": (b"PK\x03\x04",), "pt2": (b"PK\x03\x04",)}
 CLAIM = {"verified_by": "uploader"}
 
 
 def pending_key(digest: str) -> str:
-    return PENDING + hexdigest(digest)
+    return layout.pending_export_key(digest)
 
 
 def expect(store: ObjectStore, digest: str, size: int) -> None:

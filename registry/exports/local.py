@@ -13,7 +13,7 @@ from .. import manifest as mf
 from .. import validate
 from ..cache import VerifiedFiles
 from ..errors import NotFoundError
-from ..store import ObjectStore
+from ..store import ObjectStore, layout
 from . import records
 
 if TYPE_CHECKING:
@@ -94,9 +94,9 @@ class LocalExports:
         before it changes the catalog, so a hostile one refuses the rebuild and changes
         nothing)."""
         found: Stored = []
-        for key in self.store.list("manifests/"):
-            name, version, suffix = validate.manifest_key(key)
-            if suffix != ".exports.json":
+        for key in self.store.list(layout.MANIFESTS):
+            name, version, suffix = layout.parse_manifest_key(key)
+            if suffix != layout.EXPORTS:
                 continue
             data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
             found.append((name, version, records.loads(data, name, version, key)))

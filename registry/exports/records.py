@@ -14,6 +14,7 @@ from typing import Any
 from .. import boundedjson
 from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
+from ..store import layout
 from .artifact import FORMATS
 
 MAX_EXPORTS = 256
@@ -25,7 +26,7 @@ FIELDS = ("format", "key", "digest", "size", "max_abs_diff", "tolerance", "param
 
 def store_key(name: str, version: int) -> str:
     """Where the store keeps a version's exports (beside its immutable manifest)."""
-    return f"manifests/{name}/v{version}.exports.json"
+    return layout.exports_key(name, version)
 
 
 def check(record: object, origin: str) -> dict[str, Any]:

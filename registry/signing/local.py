@@ -16,7 +16,7 @@ from ..digests import sha256_bytes
 from ..errors import NotFoundError, SignatureError
 from ..files import VersionFile
 from ..manifest import blob_key
-from ..store import Staging
+from ..store import Staging, layout
 from . import records
 from .oms import MAX_BUNDLE_BYTES
 
@@ -100,9 +100,9 @@ class LocalSignatures:
         """Every ``.signatures.json`` in the store, checked (read before a rebuild changes the
         catalog, so a hostile one refuses the rebuild)."""
         found = []
-        for key in self.store.list("manifests/"):
-            name, version, suffix = validate.manifest_key(key)
-            if suffix == ".signatures.json":
+        for key in self.store.list(layout.MANIFESTS):
+            name, version, suffix = layout.parse_manifest_key(key)
+            if suffix == layout.SIGNATURES:
                 data = validate.stored_bytes(self.store.has(key), key, self.store.get_bytes)
                 found.append((name, version, records.loads(data, name, version, key)))
         return found

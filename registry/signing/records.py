@@ -17,6 +17,7 @@ from typing import Any
 from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
 from ..files import VersionFile, version_files
+from ..store import layout
 from .oms import MAX_BUNDLE_BYTES
 
 # The subject under which a bundle signs the version's manifest. A name no attached file can
@@ -86,7 +87,7 @@ def version_subjects(manifest: Mapping[str, Any]) -> dict[str, str]:
 
 
 def store_key(name: str, version: int) -> str:
-    return f"manifests/{name}/v{version}.signatures.json"
+    return layout.signatures_key(name, version)
 
 
 def check(record: object, origin: str) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, StoreUnavailableError
-from . import Progress
+from .base import Progress
+from .layout import BLOBS, STAGING
 
 
 class FileStore:
@@ -31,7 +32,7 @@ class FileStore:
     @property
     def staging_dir(self) -> Path:
         """Where a push writes its file so that ``put_file(move=True)`` is a rename."""
-        path = self.root / "tmp"
+        path = self.root / STAGING
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -49,7 +50,7 @@ class FileStore:
     def put_file(self, key: str, path: Path, *, move: bool = False) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        readonly = key.startswith("blobs/")  # content-addressed bytes never change in place
+        readonly = key.startswith(BLOBS)  # content-addressed bytes never change in place
         if move:
             try:
                 if readonly:

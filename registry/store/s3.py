@@ -30,7 +30,8 @@ from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
-from . import Progress
+from .base import Progress
+from .layout import BLOBS, touched_key
 from .retry import DEFAULT_RETRY_SECONDS, TRANSIENT_CODES, Backoff, T, Unreachable, retried
 
 DEFAULT_REGION = "us-east-1"
@@ -42,14 +43,6 @@ MAX_ATTEMPTS = 4  # botocore's tries of one call; retry.py retries operations ov
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 PRESIGN_EXPIRES_S = 3600
-# Where touch() leaves its marker for an object (gc reads the later of the two times):
-# ``blobs/sha256/<hex>`` -> ``touched/sha256/<hex>``.
-_TOUCHED = "touched/"
-
-
-def _marker(key: str) -> str:
-    return _TOUCHED + key.split("/", 1)[1]
-
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _MISSING_KEY_CODES = {"404", "NoSuchKey", "NotFound"}
 _DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
@@ -264,8 +257,8 @@ class S3Store:
         def remove() -> None:
             with self._mapped_errors(key):
                 self.client.delete_object(Bucket=self.bucket, Key=full)
-                if key.startswith("blobs/"):
-                    self.client.delete_object(Bucket=self.bucket, Key=self._key(_marker(key)))
+                if key.startswith(BLOBS):
+                    self.client.delete_object(Bucket=self.bucket, Key=self._key(touched_key(key)))
         self._retried(remove)
 
     def list(self, prefix: str) -> Iterator[str]:
@@ -294,14 +287,14 @@ class S3Store:
         written = self._last_modified(key)
         if written is None:
             return None
-        touched = self._last_modified(_marker(key))
+        touched = self._last_modified(touched_key(key))
         return max(written, touched) if touched is not None else written
 
     def touch(self, key: str) -> None:
         """Write an empty marker ``touched/sha256/<hex>``: S3 has no utime, and copying a multi-GB
         blob onto itself is slow where it refreshes LastModified at all (s3rver keeps it)."""
         if self.has(key) is not None:
-            self.put_bytes(_marker(key), b"")
+            self.put_bytes(touched_key(key), b"")
 
     def _last_modified(self, key: str) -> datetime | None:
         head = self._head(key)

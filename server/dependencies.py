@@ -1,0 +1,76 @@
+"""What a route needs, read from the app's state through FastAPI dependencies.
+
+``create_app`` sets each once on ``app.state``; a route names what it uses as a parameter
+(``local: Backend``) and FastAPI hands it over per request, so a route module holds no closure
+over the app and a test can build an app from any backend, policy or mirror.
+
+    app.state.backend    the LocalBackend every route reads and writes
+    app.state.settings   the server's frozen Settings
+    app.state.auth       the AuthPolicy that turns a bearer token into a caller's name
+    app.state.mirror     an object with poke() told of each change (the MLflow mirror), or None
+    app.state.signing    the CommitSignatures policy for commits and signature routes
+
+``read``, ``write`` and ``admin`` are the auth scopes as parameter defaults
+(``_caller: str = read``): each answers the caller's name or raises 401/403.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from registry.backends import LocalBackend
+from registry.settings import Settings
+
+from .auth import AuthPolicy, Scope
+from .signatures import CommitSignatures
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
+
+
+def _backend(request: Request) -> LocalBackend:
+    local: LocalBackend = request.app.state.backend
+    return local
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _signing(request: Request) -> CommitSignatures:
+    signing: CommitSignatures = request.app.state.signing
+    return signing
+
+
+def _changed(request: Request) -> Callable[[], None]:
+    """Tell the mirror (if any) that the catalog changed."""
+    mirror = request.app.state.mirror
+    return mirror.poke if mirror is not None else _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+Backend = Annotated[LocalBackend, Depends(_backend)]
+ServerSettings = Annotated[Settings, Depends(_settings)]
+Signing = Annotated[CommitSignatures, Depends(_signing)]
+Changed = Annotated[Callable[[], None], Depends(_changed)]
+
+
+def _need(scope: Scope) -> Any:
+    def caller(request: Request,
+               credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                      Depends(_bearer)]) -> str:
+        policy: AuthPolicy = request.app.state.auth
+        header = f"Bearer {credentials.credentials}" if credentials else None
+        return policy.authorize(header, scope)
+
+    return Depends(caller)
+
+
+read, write, admin = _need("read"), _need("write"), _need("admin")

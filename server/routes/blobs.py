@@ -1,0 +1,100 @@
+"""Blob routes: the upload of a push's blob (streamed, hashed, placed only if it matches), and
+links and downloads of stored blobs (a presigned URL where the store gives one).
+
+:func:`upload_target` and :func:`receive_blob` are shared with the push and export routes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from registry.backends import LocalBackend
+from registry.digests import HashingWriter, check_digest
+from registry.errors import DigestMismatchError, UnexpectedUploadError
+from registry.files import VersionFile
+from registry.wire import API
+
+from ..dependencies import Backend, read, write
+
+router = APIRouter(prefix=API)
+
+
+@router.put("/blobs/{digest}", tags=["blobs"], status_code=201, openapi_extra={
+    "requestBody": {"required": True,
+                    "content": {"application/octet-stream": {"schema": {
+                        "type": "string", "format": "binary"}}}}})
+async def upload_blob(digest: str, request: Request, local: Backend,
+                      _caller: str = write) -> dict[str, Any]:
+    digest = check_digest(digest)
+    limit = await run_in_threadpool(local.expect_upload, digest)
+    return await receive_blob(local, digest, request, limit)
+
+
+@router.get("/blobs/{digest}/link", tags=["blobs"])
+def blob_link(digest: str, local: Backend, _caller: str = read) -> dict[str, Any]:
+    digest = check_digest(digest)
+    size = local.stored_size(digest)
+    url = local.blob_url(digest, "GET")
+    if url is not None:
+        return {"url": url, "direct": True, "size": size}
+    return {"url": f"{API}/blobs/{digest}", "direct": False, "size": size}
+
+
+@router.api_route("/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
+                  response_class=FileResponse)
+def download_blob(digest: str, local: Backend, _caller: str = read) -> Response:
+    digest = check_digest(digest)
+    size = local.stored_size(digest)
+    url = local.blob_url(digest, "GET")
+    if url is not None:
+        return RedirectResponse(url, status_code=307)
+    # blob_path verifies the bytes (memoized) before a single one is served.
+    path = local.blob_path(digest, size)
+    return FileResponse(path, media_type="application/octet-stream",
+                        headers={"Cache-Control": "public, max-age=31536000, immutable"})
+
+
+def upload_target(local: LocalBackend, f: VersionFile) -> dict[str, Any]:
+    """Where and how the client uploads ``f``: a presigned URL, else this server's /blobs."""
+    headers = {"Content-Type": "application/octet-stream"}
+    url = local.blob_url(f.digest, "PUT")
+    if url is not None:
+        return {"digest": f.digest, "size": f.size, "url": url, "method": "PUT",
+                "direct": True, "headers": headers}
+    return {"digest": f.digest, "size": f.size, "url": f"{API}/blobs/{f.digest}",
+            "method": "PUT", "direct": False, "headers": headers}
+
+
+async def receive_blob(local: LocalBackend, digest: str, request: Request,
+                       limit: int) -> dict[str, Any]:
+    """Stream the body to a staging file, hashing as it arrives; place it only if it matches.
+    More than ``limit`` bytes (the size the push declared) is refused before or as they come."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise UnexpectedUploadError(f"upload of {digest} declares {declared} bytes, but its push "
+                                    f"reserved {limit}; upload the file the push listed")
+    fd, name = tempfile.mkstemp(dir=local.staging_dir(), prefix=".upload-")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as fh, HashingWriter(fh) as out:
+            async for chunk in request.stream():
+                out.write(chunk)
+                if out.written > limit:
+                    raise UnexpectedUploadError(f"upload of {digest} sent more than the {limit} "
+                                                "bytes its push reserved; nothing was stored")
+        size = out.written
+        actual = out.digest()
+        if actual != digest:
+            raise DigestMismatchError(f"uploaded bytes hash to {actual}, not {digest}; nothing "
+                                      "was stored: upload the file the digest was computed on")
+        await run_in_threadpool(local.store_verified, digest, tmp)
+        return {"digest": digest, "size": size}
+    finally:
+        tmp.unlink(missing_ok=True)

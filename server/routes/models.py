@@ -1,0 +1,117 @@
+"""Model and version routes: reads (lists, one version, resolve) and changes to what is
+already committed (aliases, tags, deletes)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from registry.refs import (
+    MAX_VERSION,
+    parse,
+    validate_alias,
+    validate_name,
+    validate_tags,
+    validate_version,
+)
+from registry.validate import DEFAULT_PAGE, MAX_PAGE
+from registry.wire import API, record_to_wire
+
+from ..boundary import Body
+from ..dependencies import Backend, Changed, read, write
+
+log = logging.getLogger("registry.server")
+router = APIRouter(prefix=API)
+
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
+
+
+class AliasTarget(Body):
+    version: int | str
+
+
+class TagChanges(Body):
+    tags: dict[str, str | None]
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+@router.get("/models", tags=["models"])
+def list_models(local: Backend, limit: PageSize = DEFAULT_PAGE,
+                after: Annotated[str | None, Query(
+                    max_length=128, description="The `next` of the previous page.")] = None,
+                _caller: str = read) -> dict[str, Any]:
+    """Model names, sorted, one page at a time: pass ``next`` back as ``after``."""
+    start = None if after is None else validate_name(after)
+    names = local.list_models(limit=limit + 1, after=start)
+    return {"models": names[:limit], "next": names[limit - 1] if len(names) > limit else None}
+
+
+@router.get("/models/{name}/versions", tags=["models"])
+def list_versions(name: str, local: Backend, limit: PageSize = DEFAULT_PAGE,
+                  after: Annotated[int | None, Query(
+                      ge=0, le=MAX_VERSION,
+                      description="The `next` of the previous page.")] = None,
+                  _caller: str = read) -> dict[str, Any]:
+    """Live versions, oldest first, one page at a time: pass ``next`` back as ``after``."""
+    records = local.list_versions(validate_name(name), limit=limit + 1, after=after)
+    return {"versions": [record_to_wire(r) for r in records[:limit]],
+            "next": records[limit - 1].version if len(records) > limit else None}
+
+
+@router.get("/models/{name}/versions/{version}", tags=["models"])
+def show_version(name: str, version: str, local: Backend,
+                 _caller: str = read) -> dict[str, Any]:
+    ref = parse(f"{validate_name(name)}:v{validate_version(version)}")
+    return record_to_wire(local.resolve(ref))
+
+
+@router.get("/resolve", tags=["models"])
+def resolve(ref: Annotated[str, Query(description="name, name:vN, name@alias, "
+                                                  "name@sha256:<hex>")],
+            local: Backend, _caller: str = read) -> dict[str, Any]:
+    return record_to_wire(local.resolve(parse(ref)))
+
+
+# -- changes ---------------------------------------------------------------------------------
+
+@router.put("/models/{name}/aliases/{alias}", tags=["aliases"])
+def set_alias(name: str, alias: str, body: AliasTarget, local: Backend, changed: Changed,
+              _caller: str = write) -> dict[str, Any]:
+    record = local.set_alias(validate_name(name), validate_alias(alias),
+                             validate_version(body.version))
+    changed()
+    return record_to_wire(record)
+
+
+@router.delete("/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
+def delete_alias(name: str, alias: str, local: Backend, changed: Changed,
+                 _caller: str = write) -> Response:
+    local.delete_alias(validate_name(name), validate_alias(alias))
+    changed()
+    return Response(status_code=204)
+
+
+@router.patch("/models/{name}/versions/{version}/tags", tags=["models"])
+def set_tags(name: str, version: str, body: TagChanges, local: Backend, changed: Changed,
+             _caller: str = write) -> dict[str, Any]:
+    name, number = validate_name(name), validate_version(version)
+    record = local.set_tags(name, number, validate_tags(body.tags, removals=True))
+    changed()
+    return record_to_wire(record)
+
+
+@router.delete("/models/{name}/versions/{version}", tags=["models"])
+def delete_version(name: str, version: str, local: Backend, changed: Changed,
+                   caller: str = write,
+                   force: Annotated[bool, Query(description="Delete even if aliases point "
+                                                "at the version.")] = False,
+                   ) -> dict[str, Any]:
+    name, number = validate_name(name), validate_version(version)
+    record = local.delete_version(name, number, force=force)
+    log.info("%s:v%d deleted by %s", name, number, caller)
+    changed()
+    return record_to_wire(record)

@@ -1,0 +1,120 @@
+"""Push routes: a push runs in two phases so nothing is visible before it is complete.
+
+``POST /models/{name}/pushes`` reserves a number (and says where to upload each blob the store
+lacks), the client uploads, then ``POST /models/{name}/pushes/{n}/commit`` sends the manifest,
+which must describe exactly the reserved push (``server/commits.py``); a repeat of a commit
+that went through (its answer lost) gets the same answer. ``DELETE .../pushes/{n}`` gives the
+number back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from pydantic import Field
+
+from registry import manifest as mf
+from registry.digests import check_digest
+from registry.direct_uploads import verify_blobs
+from registry.errors import NotFoundError, RefError
+from registry.files import (
+    MAX_FILE_BYTES,
+    ROLES,
+    VersionFile,
+    check_file_name,
+    check_push_files,
+)
+from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
+from registry.validate import MAX_BLOB_BYTES
+from registry.wire import API, record_to_wire
+
+from ..boundary import Body
+from ..commits import checked_manifest, repeated_commit
+from ..dependencies import Backend, Changed, Signing, write
+from .blobs import upload_target
+
+log = logging.getLogger("registry.server")
+router = APIRouter(prefix=API)
+
+
+class PushFile(Body):
+    role: str = Field(default="weights", description="'weights' (a safetensors shard) or "
+                                                     "'file' (an attached file).")
+    name: str = Field(description="The file's name within the version.")
+    digest: str = Field(description="sha256:<64 hex> of the file's bytes.")
+    size: int = Field(ge=0, le=MAX_BLOB_BYTES)
+
+
+class PushBegin(Body):
+    version: int | None = Field(default=None, description="Claim this number (None: next one).")
+    files: list[PushFile] = Field(min_length=1, max_length=mf.MAX_FILES,
+                                  description="Every blob the version will own.")
+
+
+class PushCommit(Body):
+    manifest: dict[str, Any]
+    tags: dict[str, str] = Field(default_factory=dict)
+    aliases: list[str] = Field(default_factory=list)
+    signature: dict[str, Any] | None = Field(default=None, description="A signature of the "
+                                             "version (server/signatures.py).")
+
+
+@router.post("/models/{name}/pushes", tags=["push"])
+def begin_push(name: str, body: PushBegin, local: Backend,
+               caller: str = write) -> dict[str, Any]:
+    name = validate_name(name)
+    claim = None if body.version is None else validate_version(body.version)
+    files = check_push_files([_version_file(f) for f in body.files])
+    number, missing = local.begin_push(name, claim, files)
+    log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
+             len(missing), len(files))
+    return {"version": number, "uploads": [upload_target(local, f) for f in missing]}
+
+
+@router.post("/models/{name}/pushes/{version}/commit", tags=["push"])
+def commit_push(name: str, version: str, body: PushCommit, local: Backend, signing: Signing,
+                changed: Changed, caller: str = write) -> dict[str, Any]:
+    name, number = validate_name(name), validate_version(version)
+    tags = cast(dict[str, str], validate_tags(body.tags))
+    aliases = validate_aliases(body.aliases)
+    try:
+        reserved = local.reservation(name, number)
+    except NotFoundError:
+        # A retry of a commit that went through (its answer was lost): the same answer.
+        done = repeated_commit(local, name, number, body.manifest, tags)
+        if done is None:
+            raise
+        return record_to_wire(done)
+    manifest = checked_manifest(body.manifest, name, number, reserved, tags)
+    signed = signing.admit(body.signature, manifest)  # refused before it is visible
+    # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
+    verify_blobs(local.store, reserved.files, local.staging_dir())
+    record = local.commit_push(name, number, manifest, tags, aliases)
+    signing.store(name, number, signed)
+    log.info("push %s:v%d committed by %s", name, number, caller)
+    changed()
+    return record_to_wire(record)
+
+
+@router.delete("/models/{name}/pushes/{version}", tags=["push"], status_code=204)
+def abort_push(name: str, version: str, local: Backend, _caller: str = write) -> Response:
+    name, number = validate_name(name), validate_version(version)
+    local.reservation(name, number)  # NotFoundError when no such push is in progress
+    local.abort_push(name, number)
+    return Response(status_code=204)
+
+
+# -- what a push request must be -------------------------------------------------------------
+
+def _version_file(f: PushFile) -> VersionFile:
+    """A file of a push request, checked before it reaches the catalog or a store key."""
+    if f.role not in ROLES:
+        raise RefError(f"invalid file role {f.role[:40]!r}: use one of {', '.join(ROLES)}")
+    if f.role == "file" and f.size > MAX_FILE_BYTES:
+        raise RefError(f"file {f.name[:120]!r} is {f.size} bytes, over the limit of "
+                       f"{MAX_FILE_BYTES} bytes for a file attached to a version")
+    return VersionFile(f.role, check_file_name(f.name), check_digest(f.digest),  # type: ignore[arg-type]
+                       f.size)
