@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .digests import PATTERN
 from .store import ObjectStore
+from .validate import manifest_key
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,6 @@ def orphan_manifests(store: ObjectStore,
     their keys. Such a manifest can only be left by a crash of an older registry, which wrote
     manifests before the commit; `db rebuild` would otherwise restore a version never
     visible, whose blobs gc freed."""
-    from .validate import manifest_key
-
     now = datetime.now(timezone.utc)
     removed = []
     for key in list(store.list("manifests/")):
