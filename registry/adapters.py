@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import attachments
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -34,10 +35,10 @@ from .errors import (
     NotFoundError,
     quoted,
 )
-from .materialize import empty_parameters
+from .metaparams import empty_parameters
 from .normalize import normalize
 from .refs import Ref
-from .weights import safetensors_header, tensor_bytes
+from .weights import load_shard, safetensors_header, tensor_bytes, write_safetensors
 
 PEFT = "peft"
 LORA = "LORA"
@@ -203,7 +204,7 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
 
     config = _lora_config(record, origin)
     check_targets(record, (name for name, _ in base.named_modules()), origin)
-    # LoRA layers are created on meta with their init skipped (materialize.empty_parameters):
+    # LoRA layers are created on meta with their init skipped (metaparams.empty_parameters):
     # the stored tensors replace them.
     with empty_parameters():
         model = peft.get_peft_model(base, config, low_cpu_mem_usage=True)
@@ -271,9 +272,6 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
                      dest_dir: str | os.PathLike[str], origin: str) -> Path:
     """Write an adapter version as the directory ``PeftModel.from_pretrained`` loads on its
     base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them)."""
-    from . import attachments
-    from .weights import load_shard, write_safetensors
-
     record = check(manifest["adapter"], origin)
     root = Path(dest_dir)
     root.mkdir(parents=True, exist_ok=True)

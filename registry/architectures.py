@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import torchvision_builders
 from .errors import ArchitectureUnknownError, RefError, UntrustedFactoryError, quoted
+from .metaparams import empty_parameters
 
 if TYPE_CHECKING:
     # Annotations only: manifest validation reads this module, and `registry ls` must not pay
@@ -155,8 +156,6 @@ def _torchvision_record(module: nn.Module) -> dict[str, Any]:
 
 def _meta_signature(make: Callable[[], Any]) -> dict[str, tuple[int, ...]]:
     """The keys and shapes of ``make()``, built with its parameters on ``meta``."""
-    from .materialize import empty_parameters
-
     # The candidates are ours, not the user's: their builders' notices (googlenet's init
     # FutureWarning) would only confuse a push.
     with empty_parameters(), warnings.catch_warnings():
@@ -174,8 +173,6 @@ def _first_weight(module: nn.Module, path: str) -> Any:
 
 def _rebuilds(make: Callable[[], Any], module: nn.Module) -> bool:
     """Whether ``make()``, built with parameters on ``meta``, has ``module``'s keys and shapes."""
-    from .materialize import empty_parameters
-
     want = {k: tuple(v.shape) for k, v in module.state_dict().items() if hasattr(v, "shape")}
     try:
         with empty_parameters():

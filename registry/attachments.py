@@ -24,7 +24,7 @@ from . import boundedjson, safewrite
 from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .digests import HashingWriter
 from .errors import CheckpointError, NormalizationError
-from .files import MAX_FILE_BYTES, StagedFile, VersionFile, check_file_name
+from .files import MAX_FILE_BYTES, StagedFile, VersionFile, attached_files, check_file_name
 
 WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
 _CHUNK = 1024 * 1024
@@ -225,8 +225,6 @@ def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path
                ) -> Path:
     """Write every attached file of ``manifest`` under ``dest_dir`` (created if missing), each
     fetched and verified by ``blob_path(digest, size)``; returns ``dest_dir``."""
-    from .files import attached_files
-
     root = Path(dest_dir)
     if root.exists() and not root.is_dir():
         raise NormalizationError(f"{str(root)!r} exists and is not a folder; pass a folder to "

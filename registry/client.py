@@ -1,5 +1,7 @@
-"""The Registry facade: push and pull pipelines over a backend, on top of the catalog
-operations of ``versions.py``."""
+"""The Registry facade: the public calls of push, pull and export, on top of the catalog
+operations of ``versions.py``. It delegates: the pull pipeline is :mod:`registry.pipeline`, the
+manifest a push writes is :class:`registry.manifest.Draft`, exports are
+:mod:`registry.exports.service`."""
 
 from __future__ import annotations
 
@@ -13,21 +15,22 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import adapters, architectures, attachments, placement, prefault, quantized
+from . import adapters, architectures, attachments, pipeline
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from .catalog.records import VersionRecord
 from .errors import RefError
 from .exports import Artifact, ExportFormat
+from .exports import service as exports
+from .exports.common import make_request
 from .factories import warn_if_unpullable
-from .files import weight_files, weights_digest
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
+from .oci import door as oci_door
 from .oci.results import OciPush
-from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
-from .record_check import checked as _checked
+from .pretrained import write_pretrained
+from .record_check import checked
 from .refs import (
     Ref,
     parse,
@@ -39,10 +42,8 @@ from .refs import (
 )
 from .settings import parse_size
 from .signing.facade import SignedVersions
-from .staging import Stagings
-from .statedict import ordered_state
 from .versions import model_version
-from .weights import DtypeFor, load_shard, write_shards
+from .weights import write_shards
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -130,46 +131,27 @@ class Registry(SignedVersions):
                               known=self._backend.known_shards(target))
         try:
             staged += attachments.stage(named, self._backend.staging_dir())
-            shards = [s.file for s in staged if s.file.role == "weights"]
-            attached = attachments.manifest_entries([s for s in staged if s.file.role == "file"])
-            tensors = {
-                key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                for key, t in weights.tensors.items()
-            }
-            created_at = datetime.now(timezone.utc).isoformat()
-
-            def manifest_for(version: int) -> dict[str, Any]:
-                return {
-                    "format_version": mf.FORMAT_VERSION,
-                    "name": target,
-                    "version": version,
-                    "created_at": created_at,
-                    "digest": weights_digest(shards),
-                    "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
-                               "tensors": list(f.tensors)} for f in shards],
-                    "tensor_count": len(tensors) + len(weights.tied),
-                    "tensors": tensors,
-                    "extras": weights.extras,
-                    "architecture": architecture,
-                    "source": weights.source,
-                    "module_metadata": weights.module_metadata,
-                    "key_order": weights.key_order,
-                    "tags": tag_map,
-                    **({"attachments": attached} if attached else {}),
-                    **({"quantization": weights.quantization} if weights.quantization else {}),
-                    **sections,
-                }
-
+            draft = mf.Draft(
+                name=target, created_at=datetime.now(timezone.utc).isoformat(),
+                shards=[s.file for s in staged if s.file.role == "weights"],
+                tensors={key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                         for key, t in weights.tensors.items()},
+                tied_aliases=len(weights.tied), extras=weights.extras,
+                architecture=architecture, source=weights.source,
+                module_metadata=weights.module_metadata, key_order=weights.key_order,
+                tags=tag_map, quantization=weights.quantization, sections=sections,
+                attachments=attachments.manifest_entries(
+                    [s for s in staged if s.file.role == "file"]))
             with self._signing_commit(sign_key):
-                result = self._backend.push(target, claim, staged, manifest_for, tag_map,
-                                            alias_list)
+                result = self._backend.push(target, claim, staged, draft.for_version,
+                                            tag_map, alias_list)
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
         return self._signed_push(model_version(result.record, push=result.report()),
                                  sign_key)
 
-    # -- pull -----------------------------------------------------------------------------
+    # -- pull: the pipeline lives in registry/pipeline.py ------------------------------------
 
     def pull(
         self,
@@ -191,66 +173,21 @@ class Registry(SignedVersions):
         to the module's device and dtype and returns outputs where the inputs came from.
         An adapter version comes back on its base (a ``PeftModel``; merged with ``merge=True``).
         """
-        if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
-            from .oci.door import opened
-            with opened(ref, self.settings) as (record, fetch):
-                return self._pull(_checked(record), device, dtype, model, device_map,
-                                  max_memory, no_split, align_inputs, fetch)
-        record = self._verified(_checked(self._backend.resolve(parse(ref))))
-        if "adapter" not in record.manifest:
-            return self._pull(record, device, dtype, model, device_map, max_memory, no_split,
-                              align_inputs)
-        return adapters.pull(
-            record, lambda ref: self._verified(_checked(self._backend.resolve(ref))),
-            lambda base: self._pull(base, device, dtype, model, device_map, max_memory, no_split,
-                                    align_inputs),
-            lambda target: self._read(record, lambda _k: target, adapters.as_stored, {}),
-            merge=merge)
-
-    def _pull(self, record: VersionRecord, device: dev.DeviceRequest, dtype: dev.DtypeRequest,
-              model: mat.ModelSpec, device_map: DeviceMap,
-              max_memory: Mapping[str, int | str] | None, no_split: NoSplit,
-              align_inputs: bool, fetch: Any = None) -> nn.Module:
-        manifest = record.manifest
-        requested = dev.parse_dtype(dtype)
-        facts = dev.TorchFacts.probe()
-        ref_text = f"{record.name}:v{record.version}"
-        scheme = quantized.scheme_of(manifest, ref_text)  # quantized.Plain for float versions
-        device = scheme.auto_device(device, facts)
-        tied = dict(manifest["source"].get("tied", {}))
-        stored = scheme.module_keys({*manifest["tensors"], *tied})
-        module = mat.build_module(model, manifest.get("architecture", {}),
-                                  self.settings.trusted_factories, ref_text, stored=stored)
-        tied.update(mat.implied_ties(module, stored))
-        stored_shapes = {**manifest["tensors"],
-                         **{a: manifest["tensors"][k] for a, k in tied.items()}}
-        mat.check_fits(module, scheme.shapes(stored_shapes), ref_text)
-        policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
-        placed = placement.plan(module, manifest, device=device, device_map=device_map,
-                                max_memory=max_memory, no_split=no_split, dtype=requested,
-                                facts=facts, sizes=scheme.sizes(manifest))
-        scheme.check_devices(placed.devices, facts, requested)
-        state = self._read(record, placed.device_of, scheme.policy(policy), tied, fetch)
-        state = scheme.rebuild(module, state, requested)
-        mat.fill_module(module, ordered_state(state, manifest), tied, placed.device_of)
-        architectures.retie(module)
-        placement.install_hooks(module, placed, align_inputs=align_inputs)
-        module.registry_ref = ref_text  # type: ignore[assignment]
-        return module
+        target = pipeline.Target(device, dtype, model, device_map, max_memory, no_split,
+                                 align_inputs)
+        return pipeline.pull(self._backend, self.settings, ref, target, merge=merge)
 
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
         """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
         fetched through the verified cache; returns ``dest_dir``."""
-        record = self._verified(_checked(self._backend.resolve(parse(ref))))
+        record = pipeline.resolve(self._backend, self.settings, ref)
         return attachments.pull_files(record.manifest, self._backend.blob_path, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
                         dtype: dev.DtypeRequest = "auto") -> Path:
         """Write ``ref`` as a directory ``transformers``' ``from_pretrained`` loads: its recorded
         config, its weights (``dtype`` casts floating tensors) and its attached files."""
-        from .pretrained import write_pretrained
-
-        record = self._verified(_checked(self._backend.resolve(parse(ref))))
+        record = pipeline.resolve(self._backend, self.settings, ref)
         return self._signed_directory(record, dtype, write_pretrained(
             record.manifest, self._backend.blob_path, dest_dir, dtype,
             f"{record.name}:v{record.version}"))
@@ -263,59 +200,16 @@ class Registry(SignedVersions):
         dtype: dev.DtypeRequest = "auto",
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
-        record = self._verified(_checked(self._backend.resolve(parse(ref))))
-        return self._pull_state_dict(record, device, dtype)
-
-    def _pull_state_dict(self, record: VersionRecord, device: dev.DeviceRequest,
-                         dtype: dev.DtypeRequest) -> dict[str, Any]:
-        manifest = record.manifest
-        requested = dev.parse_dtype(dtype)
-        facts = dev.TorchFacts.probe()
-        target = dev.resolve_device(device, placement.bytes_needed(manifest, requested), facts)
-        if requested is not None:
-            dev.check_dtype_runs(requested, target)
-        policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
-        tied = dict(manifest["source"].get("tied", {}))
-        state: dict[str, Any] = self._read(record, lambda _k: target, policy, tied)
-        state.update(manifest.get("extras", {}))
-        return ordered_state(state, manifest)
-
-    def _read(self, record: VersionRecord, placement: Any, policy: DtypeFor,
-              tied: dict[str, str], fetch: Any = None) -> dict[str, torch.Tensor]:
-        """Every stored tensor on its device and dtype, tied aliases re-added. Shards are
-        fetched into the verified cache side by side, and each is loaded as soon as it is
-        verified while the others still arrive."""
-        specs = record.manifest["tensors"]
-        origin = f"{record.name}:v{record.version}"
-        out: dict[str, torch.Tensor] = {}
-        # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
-        stagings = Stagings(prefault_threads=self.settings.prefault_threads)
-        # Each shard is mapped from the very file that was verified (Backend.open_blob); an OCI
-        # pull's fetch hands back its verified layers in the cache.
-        opener = self._backend.open_blob if fetch is None else (
-            lambda digest, size: open(fetch(digest, size), "rb"))  # noqa: SIM115 (closed below)
-        for shard, fh in as_ready(lambda f: opener(f.digest, f.size),
-                                  weight_files(record.manifest)):
-            with fh:
-                loaded = load_shard(fh, {k: specs[k] for k in shard.tensors}, placement,
-                                    policy, origin=origin, stagings=stagings)
-            # Map the shard's pages on other threads while the pull goes on (prefault.py).
-            prefault.start(loaded.values(), self.settings.prefault_threads)
-            out.update(loaded)
-        stagings.finish()
-        out = dict(sorted(out.items()))
-        for alias, kept in tied.items():
-            out[alias] = out[kept]
-        return out
+        record = pipeline.resolve(self._backend, self.settings, ref)
+        return pipeline.state_dict(self._backend, self.settings, record, device, dtype)
 
     def push_oci(self, ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
         """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack
         artifact whose layers are its blobs, sending only layers the OCI registry lacks; plain
         HTTP goes only to loopback unless ``plain_http`` (registry/oci)."""
-        from .oci.door import push
-
-        return push(_checked(self._backend.resolve(parse(ref))), target, self.settings,
-                    self._backend.blob_path, plain_http=plain_http)
+        return oci_door.push(checked(self._backend.resolve(parse(ref))), target, self.settings,
+                             self._backend.blob_path, plain_http=plain_http,
+                             signatures=self._backend.signatures)
 
     def import_oci(self, source: str, name: str | None = None, *, plain_http: bool = False,
                    tags: Mapping[str, str] | None = None,
@@ -323,14 +217,13 @@ class Registry(SignedVersions):
         """Import the OCI artifact ``source`` as a new version of ``name`` (default: its own);
         its blobs keep their digests, another producer's artifact is normalized like a
         checkpoint directory (registry/oci)."""
-        from .oci.door import import_artifact
-
         tag_map, alias_list = cast(dict[str, str], validate_tags(tags)), validate_aliases(aliases)
-        done = import_artifact(
+        done = oci_door.import_artifact(
             source, None if name is None else validate_name(name), self.settings,
             self._backend.staging_dir(), self._backend.push,
             lambda d, n: self.push(d, n, tags=tag_map, aliases=alias_list),
-            plain_http=plain_http, tags=tag_map, aliases=alias_list)
+            plain_http=plain_http, tags=tag_map, aliases=alias_list,
+            signatures=self._backend.signatures)
         return done if isinstance(done, ModelVersion) else model_version(done.record,
                                                                          push=done.report())
 
@@ -347,9 +240,7 @@ class Registry(SignedVersions):
         random inputs of ``input_shapes`` (or ``example_inputs``) and stored with the version;
         the same options return the stored one. ``dynamic_axes``: per input, the dims besides
         the batch dim whose size may vary. ``out``: a file or directory to write it to."""
-        from .exports import common, service
-
-        return service.export(self, ref, common.make_request(
+        return exports.export(self._backend, self.settings, ref, make_request(
             format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
             dtype=dtype, tolerance=tolerance), model, out)
@@ -364,16 +255,13 @@ class Registry(SignedVersions):
                     model: mat.ModelSpec = None,
                     out: str | os.PathLike[str] | None = None) -> Path:
         """The verified local file of :meth:`export` with the same options (at ``out``)."""
-        from .exports import service
-
-        return service.path_of(self.export(
+        return exports.path_of(self.export(
             ref, format=format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
             dtype=dtype, tolerance=tolerance, model=model, out=out))
 
 
 # -- helpers ------------------------------------------------------------------------------
-
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

@@ -21,14 +21,16 @@ its digest is the one its files give, before it is committed, rebuilt or used.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
-from . import architectures, boundedjson
+from . import architectures, boundedjson, statedict
 from .digests import check_digest, sha256_bytes, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
+from .files import VersionFile, check_file_name, weights_digest
+from .refs import MAX_VERSION, validate_name
 from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # noqa: F401
 from .validate import MAX_BLOB_BYTES
 
@@ -71,6 +73,51 @@ class ModelVersion:
             "tags": dict(self.tags),
             "aliases": list(self.aliases),
             "metadata": self.metadata,
+        }
+
+
+# -- writing one ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Draft:
+    """A pushed version's manifest before the catalog numbers it: :meth:`for_version` is the
+    manifest the backend commits as version N (the reader is :func:`validate`, below)."""
+
+    name: str
+    created_at: str
+    shards: Sequence[VersionFile]
+    tensors: Mapping[str, dict[str, Any]]  # stored key -> {"dtype", "shape"}
+    tied_aliases: int
+    extras: dict[str, Any]
+    architecture: dict[str, Any]
+    source: dict[str, Any]
+    module_metadata: dict[str, Any]
+    key_order: list[str]
+    tags: dict[str, str]
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    quantization: dict[str, Any] | None = None
+    sections: dict[str, Any] = field(default_factory=dict)  # an adapter's "adapter" section
+
+    def for_version(self, version: int) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "version": version,
+            "created_at": self.created_at,
+            "digest": weights_digest(self.shards),
+            "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
+                       "tensors": list(f.tensors)} for f in self.shards],
+            "tensor_count": len(self.tensors) + self.tied_aliases,
+            "tensors": dict(self.tensors),
+            "extras": self.extras,
+            "architecture": self.architecture,
+            "source": self.source,
+            "module_metadata": self.module_metadata,
+            "key_order": self.key_order,
+            "tags": self.tags,
+            **({"attachments": self.attachments} if self.attachments else {}),
+            **({"quantization": self.quantization} if self.quantization else {}),
+            **self.sections,
         }
 
 
@@ -132,8 +179,6 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     Raises :class:`ManifestError` naming the first fault (quoting at most ~200 characters of it)
     and :class:`DigestMismatchError` when the recorded digest is not the one its files give.
     """
-    from .refs import MAX_VERSION, validate_name
-
     m = _obj(manifest, "manifest", origin)
     fmt = m.get("format_version")
     if not _is_int(fmt) or fmt not in READABLE_FORMATS:
@@ -237,8 +282,9 @@ def _source(value: object, tensors: Mapping[str, Any], origin: str) -> None:
 
 
 # The dtypes a stored tensor may have: those safetensors stores and torch (>= 2.4) names, the
-# keys of weights.DTYPE_CODES (a unit test keeps the two equal). Spelled out so that validating
-# a manifest (`registry db rebuild`, a remote `ls`) imports no torch.
+# keys of devices.DTYPE_CODES, kept with the dtype policy (a unit test keeps the two equal).
+# Spelled out so that validating a manifest (`registry db rebuild`, a remote `ls`) imports no
+# torch.
 STORED_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16", "int64", "int32",
                            "int16", "int8", "uint8", "bool", "complex64", "float8_e4m3fn",
                            "float8_e5m2"})
@@ -258,8 +304,6 @@ def _tensor_spec(key: object, spec: object, origin: str) -> None:
 
 
 def _attachments(value: object, origin: str) -> None:
-    from .files import check_file_name
-
     if not isinstance(value, list) or len(value) > MAX_FILES:
         _fail(origin, "attachments", value, "a list of files")
     names: set[str] = set()
@@ -278,8 +322,6 @@ def _attachments(value: object, origin: str) -> None:
 
 def _module_metadata(value: object, origin: str) -> None:
     """Optional ``{module prefix: {"version": N}}``: what ``state_dict()._metadata`` held."""
-    from .statedict import MAX_VERSION
-
     metadata = _obj(value, "module_metadata", origin)
     if len(metadata) > MAX_TENSORS:
         _fail(origin, "module_metadata", f"{len(metadata)} entries", f"at most {MAX_TENSORS}")
@@ -289,9 +331,9 @@ def _module_metadata(value: object, origin: str) -> None:
                   f"a module prefix of at most {MAX_KEY_CHARS} characters")
         version = entry.get("version") if isinstance(entry, dict) else None
         if not isinstance(entry, dict) or set(entry) != {"version"} or not _is_int(version) \
-                or not 0 <= version <= MAX_VERSION:
+                or not 0 <= version <= statedict.MAX_VERSION:
             _fail(origin, f"module_metadata[{prefix!r}]", entry,
-                  f'{{"version": N}} with N an integer from 0 to {MAX_VERSION}')
+                  f'{{"version": N}} with N an integer from 0 to {statedict.MAX_VERSION}')
 
 
 def _key_order(value: object, parts: list[dict[str, Any]], origin: str) -> None:

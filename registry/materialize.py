@@ -10,10 +10,8 @@ map backs it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +22,7 @@ from . import devices as dev
 from .errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from .factories import resolve_factory
 from .keyfit import likely_cause
+from .metaparams import empty_parameters
 
 ModelSpec = nn.Module | Callable[[], nn.Module] | None
 
@@ -53,74 +52,6 @@ class DtypePolicy:
 
 
 # -- building the module ----------------------------------------------------------------------
-
-_ORIGINAL_REGISTER = nn.Module.register_parameter
-_patch_lock = threading.Lock()
-_patch_users = 0
-_building = threading.local()
-
-
-def _register_on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
-    _ORIGINAL_REGISTER(self, name, param)
-    if getattr(_building, "depth", 0) and param is not None and not param.is_meta:
-        self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
-
-
-# torch.nn.init functions skipped for meta tensors while a module is built: on meta they compute
-# nothing, yet Linear's reset_parameters alone runs ~0.3 ms of Python decompositions per layer.
-_INIT_NAMES = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
-               "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
-               "kaiming_normal_", "orthogonal_", "sparse_")
-_ORIGINAL_INIT = {name: getattr(nn.init, name) for name in _INIT_NAMES if hasattr(nn.init, name)}
-
-
-def _skipping_meta(name: str) -> Callable[..., Any]:
-    original = _ORIGINAL_INIT[name]
-
-    def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_building, "depth", 0) and isinstance(tensor, torch.Tensor) \
-                and tensor.is_meta:
-            return tensor
-        return original(tensor, *args, **kwargs)
-
-    return init
-
-
-_SKIPPING_INIT = {name: _skipping_meta(name) for name in _ORIGINAL_INIT}
-
-
-def _patch(on: bool) -> None:
-    nn.Module.register_parameter = (  # type: ignore[method-assign]
-        _register_on_meta if on else _ORIGINAL_REGISTER)
-    for name, fn in (_SKIPPING_INIT if on else _ORIGINAL_INIT).items():
-        setattr(nn.init, name, fn)
-
-
-@contextlib.contextmanager
-def empty_parameters() -> Iterator[None]:
-    """Create parameters on ``meta`` while a module is built in this thread; buffers stay real.
-
-    Non-persistent buffers (computed in ``__init__``, absent from state dicts) keep their values,
-    which a plain ``torch.device("meta")`` context would lose. The patch on
-    ``nn.Module.register_parameter`` acts only in the thread that entered the context, so a
-    model built concurrently elsewhere (a training thread, another request) is untouched.
-    ``torch.nn.init`` functions return a ``meta`` tensor untouched in that thread.
-    """
-    global _patch_users
-    with _patch_lock:
-        if _patch_users == 0:
-            _patch(True)
-        _patch_users += 1
-    _building.depth = getattr(_building, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _building.depth -= 1
-        with _patch_lock:
-            _patch_users -= 1
-            if _patch_users == 0:
-                _patch(False)
-
 
 def build_module(
     model: ModelSpec,

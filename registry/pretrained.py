@@ -34,6 +34,7 @@ from . import devices as dev
 from .errors import ArchitectureUnknownError, QuantizationError
 from .files import VersionFile, attached_files, weight_files
 from .signing.oms import IGNORED_PATHS
+from .weights import load_shard, write_safetensors
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -182,8 +183,6 @@ def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int
                  specs: Mapping[str, Any], dtype_of: Callable[[str, torch.dtype], torch.dtype],
                  requested: torch.dtype | None, origin: str,
                  metadata: Mapping[str, str] | None = None) -> None:
-    from .weights import load_shard, write_safetensors
-
     source = blob_path(shard.digest, shard.size)
     if requested is None and metadata is None:  # the stored shard is the file transformers reads
         attachments.write_file(target, source)

@@ -19,6 +19,7 @@ from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
+from .remote import RemoteBackend
 from .settings import Settings
 from .signing.records import Signature
 from .store import ObjectStore
@@ -53,8 +54,6 @@ class Versions:
             if catalog is not None or store is not None:
                 raise SettingsError(f"remote registry {uri!r} keeps its own catalog and store; "
                                     "pass either a uri or catalog=/store=, not both")
-            from .remote import RemoteBackend
-
             self._backend = RemoteBackend(uri, token=token, cache_dir=self.settings.cache_dir)
             return
         self._backend = LocalBackend.from_settings(

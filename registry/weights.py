@@ -52,6 +52,7 @@ from typing import BinaryIO
 
 import torch
 
+from .devices import CODE_DTYPES, DTYPE_CODES
 from .digests import HashingWriter
 from .errors import ManifestError, NormalizationError
 from .fdreader import read_open_file
@@ -61,16 +62,6 @@ from .staging import Staging, Stagings
 from .unchanged import KnownShard, matching, may_match
 
 ALIGNMENT = 64
-
-# torch dtype -> safetensors dtype code, for every dtype both torch and safetensors know.
-DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL", torch.complex64: "C64",
-}
-for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
-    if hasattr(torch, _name):
-        DTYPE_CODES[getattr(torch, _name)] = _code
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -330,9 +321,6 @@ def load_shard(
 
 
 # -- mapping a shard --------------------------------------------------------------------------
-
-CODE_DTYPES: dict[str, torch.dtype] = {code: dtype for dtype, code in DTYPE_CODES.items()}
-
 
 @contextlib.contextmanager
 def _mapped(path: Path | BinaryIO, origin: str

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..settings import Settings
+from ..store import BucketAdmin, open_store
 from ._context import open_versions
 
 
@@ -17,7 +19,6 @@ def db() -> None:
 def db_upgrade(revision: str) -> None:
     """Migrate the catalog (REGISTRY_CATALOG_URL) up to REVISION (default: head)."""
     from ..catalog.db import current_revision, make_engine, upgrade
-    from ..settings import Settings
 
     engine = make_engine(Settings.from_env().catalog_url)
     upgrade(engine, revision)
@@ -29,7 +30,6 @@ def db_upgrade(revision: str) -> None:
 def db_downgrade(revision: str) -> None:
     """Migrate the catalog down to REVISION ('base' removes every registry table)."""
     from ..catalog.db import current_revision, downgrade, make_engine
-    from ..settings import Settings
 
     engine = make_engine(Settings.from_env().catalog_url)
     downgrade(engine, revision)
@@ -40,7 +40,6 @@ def db_downgrade(revision: str) -> None:
 def db_current() -> None:
     """Print the catalog's schema revision and the one this code needs."""
     from ..catalog.db import current_revision, head_revision, make_engine
-    from ..settings import Settings
 
     engine = make_engine(Settings.from_env().catalog_url)
     click.echo(f"current {current_revision(engine) or 'none'}, head {head_revision()}")
@@ -62,8 +61,6 @@ def store() -> None:
 @store.command("init")
 def store_init() -> None:
     """Create the bucket named by REGISTRY_STORE_URL (s3://bucket/prefix), if it is missing."""
-    from ..settings import Settings
-    from ..store import BucketAdmin, open_store
 
     settings = Settings.from_env()
     target = open_store(settings.store_url, settings)

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from ..display import human_bytes
+from ..errors import SettingsError
 from ._context import emit_json, open_registry
 
 
@@ -18,7 +20,6 @@ class Shape(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> tuple[int, ...]:
-        from ..errors import SettingsError
         from ..exports.common import parse_shape
 
         if isinstance(value, tuple):
@@ -67,7 +68,6 @@ def export(ctx: click.Context, ref: str, fmt: str, shapes: tuple[tuple[int, ...]
            as_json: bool) -> None:
     """Export REF to --format, verify it against the PyTorch module, store it with the
     version; the same options again return the stored artifact."""
-    from ..display import human_bytes
     from ..exports.service import copy_to
 
     dynamic = [[d for i, d in axes if i == n] for n in range(len(shapes))] if axes else None
@@ -86,8 +86,6 @@ def export(ctx: click.Context, ref: str, fmt: str, shapes: tuple[tuple[int, ...]
 
 def exports_table(exports: list[Any]) -> str:
     """The exports of a version, one line each, for ``registry show``."""
-    from ..display import human_bytes
-
     lines = ["exports:"]
     for a in exports:
         shapes = ", ".join("x".join(str(d) for d in i["shape"]) for i in a.params["inputs"])

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from .. import safewrite
+from ..display import human_bytes, push_summary, version_summary, version_table, versions_table
 from ._context import (
     JsonObject,
     KeyValue,
@@ -16,6 +18,8 @@ from ._context import (
     open_registry,
     open_versions,
 )
+from .exports import exports_table
+from .signing import signatures_table
 
 
 @click.command()
@@ -41,8 +45,6 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
     """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
     version of NAME (or NAME:vN to claim N). The other files of a directory (config, tokenizer,
     model card) are attached to the version, and a transformers config.json is recorded."""
-    from ..display import push_summary
-
     mv = open_registry(ctx).push(path, name, tags=dict(tags), aliases=aliases, factory=factory,
                                  factory_kwargs=factory_kwargs, precision=precision,
                                  keep_in_fp32=keep_in_fp32, shard_size=shard_size,
@@ -91,7 +93,6 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 
     import torch
 
-    from .. import safewrite
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
     from ..weights import write_safetensors
 
@@ -119,8 +120,6 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 @click.pass_context
 def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
     """List models, or the versions of NAME."""
-    from ..display import version_summary, versions_table
-
     reg = open_versions(ctx)
     if name is None:
         latest = [reg.show(model) for model in reg.list_models()]
@@ -146,8 +145,6 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
 @click.pass_context
 def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     """Show a version: identity, tags, and where and how it was trained."""
-    from ..display import version_table
-
     reg = open_versions(ctx)
     mv = reg.show(ref)
     exports = reg.list_exports(mv.ref)
@@ -157,13 +154,9 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
                                       if exports else {})})
     else:
         click.echo(version_table(mv))
-        from .signing import signatures_table
-
         if mv.metadata.get("signatures"):
             click.echo(signatures_table(mv.metadata["signatures"]))
         if exports:
-            from .exports import exports_table
-
             click.echo(exports_table(exports))
 
 
@@ -224,8 +217,6 @@ def gc(ctx: click.Context) -> None:
 
     Nothing younger than REGISTRY_GC_GRACE (default 6h) is deleted, so a push running meanwhile
     keeps what it reuses; set REGISTRY_GC_GRACE=0 only when no push or pull is running."""
-    from ..display import human_bytes
-
     report = open_versions(ctx).gc()
     click.echo(f"deleted {len(report.deleted)} blob(s), freed {human_bytes(report.freed_bytes)}, "
                f"kept {report.kept}")

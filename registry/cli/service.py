@@ -18,6 +18,8 @@ import click
 
 from ..backends import LocalBackend
 from ..errors import SettingsError
+from ..remote import RemoteBackend
+from ..settings import Settings
 from ._context import open_versions
 
 # A mirror must fail fast when MLflow is down: versions stay pending and a later sync catches
@@ -44,7 +46,6 @@ def serve(host: str, port: int, auth_file: Path | None, allow_anonymous: bool) -
     from server.app import create_app
     from server.auth import AuthPolicy
 
-    from ..settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
@@ -80,7 +81,6 @@ def token_create(name: str, scopes: str, auth_file: Path | None) -> None:
     """Create token NAME; print it once on stdout (only its hash is stored)."""
     from server.auth import AuthFile, parse_scopes
 
-    from ..settings import Settings
 
     path = auth_file or Settings.from_env().auth_path
     plain = AuthFile(path).create(name, parse_scopes(scopes))
@@ -97,7 +97,6 @@ def token_revoke(name: str, auth_file: Path | None) -> None:
     """Revoke token NAME (a running server notices the file change)."""
     from server.auth import AuthFile
 
-    from ..settings import Settings
 
     path = auth_file or Settings.from_env().auth_path
     AuthFile(path).revoke(name)
@@ -127,8 +126,6 @@ def mlflow_sync(ctx: click.Context, full: bool) -> None:
 
 
 def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
-    from ..remote import RemoteBackend
-
     _fast_fail_mlflow()
     backend = open_versions(ctx).backend
     if isinstance(backend, RemoteBackend):
@@ -147,8 +144,6 @@ def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
 def ui(ctx: click.Context, host: str, port: int) -> None:
     """Sync the embedded registry into $REGISTRY_HOME/mlflow.db, then serve the MLflow UI on it."""
     from ..mirror_mlflow import tracking_uri_for
-    from ..remote import RemoteBackend
-
     reg = open_versions(ctx)
     if isinstance(reg.backend, RemoteBackend):
         raise SettingsError("`registry ui` browses the embedded registry; for a server, open "

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..errors import SignatureError
 from ._context import emit_json, open_registry
 
 
@@ -48,8 +49,6 @@ def sign(ctx: click.Context, ref: str, key: str, certificate: str | None,
 def verify(ctx: click.Context, ref: str, keys: tuple[str, ...], cas: tuple[str, ...],
            as_json: bool) -> None:
     """Verify the signatures of REF with trusted keys; exit 13 when none verifies."""
-    from ..errors import SignatureError
-
     reg = open_registry(ctx)
     mv = reg.show(ref)
     good = reg.verify(mv.ref, public_keys=keys or None, certificates=cas or None)

@@ -1,8 +1,10 @@
 """Export a stored version in this process, verify the artifact, store it, find it again.
 
 The facade's ``export`` / ``pull_export`` are thin calls of the functions here (listing the
-stored exports needs no torch: ``versions.py`` does it); the backend decides where the artifact
-goes (``local.py`` in-process, ``remote.py`` to a server), and nothing here depends on which.
+stored exports needs no torch: ``versions.py`` does it), with the registry's backend and
+settings; the module exported comes from the pull pipeline (:mod:`registry.pipeline`), not from
+the facade. The backend decides where the artifact goes (``local.py`` in-process, ``remote.py``
+to a server), and nothing here depends on which.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import secrets
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .. import safewrite
+from .. import pipeline, safewrite
+from ..backends import Backend
 from ..digests import hexdigest, sha256_file
 from ..errors import ExportError
 from ..refs import Ref, parse
-from . import records
+from ..settings import Settings
+from . import onnx, pt2, records, torchscript
 from .artifact import SUFFIXES, Artifact
 from .common import (
     ExportRequest,
@@ -34,33 +38,29 @@ from .common import (
     trace_inputs,
 )
 
-if TYPE_CHECKING:
-    from ..client import Registry
+# Each format's module: export(module, inputs, request, path, origin) and run(path, inputs).
+# None imports onnx or onnxruntime until an ONNX export runs.
+FORMAT_MODULES: dict[str, Any] = {"onnx": onnx, "pt2": pt2, "torchscript": torchscript}
 
 
-def _format_module(fmt: str) -> Any:
-    import importlib
-
-    return importlib.import_module(f"{__package__}.{fmt}")
-
-
-def export(registry: Registry, ref: str | Ref, request: ExportRequest, model: Any = None,
-           out: str | os.PathLike[str] | None = None) -> Artifact:
+def export(backend: Backend, settings: Settings, ref: str | Ref, request: ExportRequest,
+           model: Any = None, out: str | os.PathLike[str] | None = None) -> Artifact:
     """The artifact ``request`` describes for ``ref``: the stored one when the same parameters
     were exported before, else exported, verified and stored now. Its ``path`` ends in the
     format's extension: ``out`` (see :func:`destination`), or a link to the verified blob in
     the cache's ``exports/`` (a blob path has no extension, and ``torch.export.load`` warns)."""
-    artifact = _export(registry, ref, request, model)
+    artifact = stored_or_made(backend, settings, ref, request, model)
     if out is not None:
         return dataclasses.replace(artifact, path=copy_to(artifact, Path(out)))
     return dataclasses.replace(artifact, path=_named_link(
         path_of(artifact), artifact.digest, SUFFIXES[artifact.format],
-        registry.settings.cache_dir / "exports"))
+        settings.cache_dir / "exports"))
 
 
-def _export(registry: Registry, ref: str | Ref, request: ExportRequest,
-            model: Any = None) -> Artifact:
-    backend = registry.backend
+def stored_or_made(backend: Backend, settings: Settings, ref: str | Ref, request: ExportRequest,
+                   model: Any = None) -> Artifact:
+    """The stored artifact with ``request``'s key, else the module pulled (the same pipeline
+    and cache as :meth:`Registry.pull`), exported, verified and registered with the backend."""
     version = backend.resolve(parse(ref))
     origin = f"{version.name}:v{version.version}"
     for record in backend.list_exports(version.name, version.version):
@@ -74,7 +74,8 @@ def _export(registry: Registry, ref: str | Ref, request: ExportRequest,
                 "format) to make another export")
         path = backend.blob_path(record["digest"], record["size"])
         return Artifact.from_record(origin, record, path, cached=True)
-    module = registry.pull(origin, device=request.device, dtype=request.dtype, model=model)
+    module = pipeline.pull(backend, settings, origin, pipeline.Target(
+        device=request.device, dtype=request.dtype, model=model))
     staging = backend.staging_dir()
     fd, name = tempfile.mkstemp(dir=staging, prefix=".export-",
                                 suffix=SUFFIXES[request.format])
@@ -92,7 +93,7 @@ def run(module: torch.nn.Module, request: ExportRequest, origin: str,
         path: Path) -> dict[str, Any]:
     """Export ``module`` to ``path``, run the artifact beside the module on the same random
     inputs, and return the export record; ExportError when they differ beyond the tolerance."""
-    fmt = _format_module(request.format)
+    fmt = FORMAT_MODULES[request.format]
     param = next(iter((*module.parameters(), *module.buffers())), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = compute_dtype(module)

@@ -46,18 +46,10 @@ def connect(target: str, settings: Settings, *, plain_http: bool = False) -> Oci
 def push(record: VersionRecord, target: str, settings: Settings, blob_path: BlobPath, *,
          plain_http: bool = False, signatures: SignatureStore | None = None) -> OciPush:
     """Write ``record`` as an artifact, its signatures (from ``signatures``) as layers."""
-    extra = signed.layers(_store(signatures, blob_path), record.manifest)
+    extra = signed.layers(signatures, record.manifest)
     with connect(target, settings, plain_http=plain_http) as client:
         return push_version(record, client, blob_path,
                             MountMemo(settings.cache_dir / "oci", client.ref.host), extra)
-
-
-def _store(given: SignatureStore | None, method: object) -> SignatureStore | None:
-    """The backend's signature store: given, or that of the backend whose bound method the
-    facade passed (``blob_path``, ``commit``) until the facade passes it itself."""
-    if given is not None:
-        return given
-    return getattr(getattr(method, "__self__", None), "signatures", None)
 
 
 @contextmanager
@@ -113,7 +105,7 @@ def import_artifact(source: str, name: str | None, settings: Settings, staging: 
         layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
             return _import(artifact, layers, client, name, settings, staging, commit,
-                           push_directory, tags, aliases, _store(signatures, commit))
+                           push_directory, tags, aliases, signatures)
         finally:
             layers.close()
 

@@ -1,5 +1,6 @@
 """The signing half of the Registry facade: ``sign``, ``verify`` and the hooks by which push,
-pull, show and save_pretrained take part (declared as a mixin so the facade stays one screen of
+show and save_pretrained take part (a pull's signature policy is a stage of
+:mod:`registry.pipeline`; declared as a mixin so the facade stays one screen of
 calls). Every method is a thin call of :mod:`registry.signing.service` with the backend's
 signature store and the settings' policy."""
 
@@ -59,14 +60,6 @@ class SignedVersions(Versions):
         return good
 
     # -- hooks of the facade's pipelines ----------------------------------------------------
-
-    def _verified(self, record: VersionRecord) -> VersionRecord:
-        """A checked record once the signature policy (REGISTRY_VERIFY) passed it: before any
-        byte of the version is loaded."""
-        service.enforce(self._backend.signatures, record.manifest, self.settings.verify,
-                        public_keys=self.settings.trusted_keys,
-                        certificates=self.settings.trusted_certs)
-        return record
 
     def _signed_source(self, model: object, named: Mapping[str, Path],
                        source: dict[str, Any]) -> dict[str, Path]:

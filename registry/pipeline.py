@@ -1,0 +1,170 @@
+"""The pull pipeline: a reference resolved to a checked record that the signature policy passed,
+its shards fetched into the verified cache side by side, and each one loaded onto its device as
+soon as it is verified, into a module built on ``meta`` (or a state dict).
+
+Functions over ``(backend, settings, record, ...)``: the facade (:class:`registry.Registry`)
+and the export service (:mod:`registry.exports.service`) both call them, and neither knows the
+other. The stages, in order:
+
+1. :func:`resolve` - ``backend.resolve`` -> :func:`registry.record_check.checked` (the manifest
+   passes the schema and names the catalog's digest) -> the signature policy
+   (``REGISTRY_VERIFY``), before any byte of the version is read;
+2. :func:`read` - the shards through the verified cache (``Backend.open_blob``, or an OCI
+   artifact's layers), each loaded by :func:`registry.weights.load_shard` while the others
+   still arrive;
+3. :func:`module` / :func:`state_dict` - the module built on ``meta`` and filled by assignment
+   (:mod:`registry.materialize`), placed (:mod:`registry.placement`), or the bare tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import adapters, architectures, placement, prefault, quantized
+from . import devices as dev
+from . import materialize as mat
+from .backends import Backend
+from .catalog.records import VersionRecord
+from .files import weight_files
+from .oci.door import opened
+from .parallel import as_ready
+from .placement import DeviceMap, NoSplit
+from .record_check import checked
+from .refs import Ref, parse
+from .settings import Settings
+from .signing import service as signing
+from .staging import Stagings
+from .statedict import ordered_state
+from .weights import DtypeFor, load_shard
+
+# An OCI pull's fetch: (digest, size) -> the path of the verified layer in the cache.
+Fetch = Callable[[str, int], Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a pulled module lands: the placement options of :meth:`Registry.pull`."""
+
+    device: dev.DeviceRequest = "auto"
+    dtype: dev.DtypeRequest = "auto"
+    model: mat.ModelSpec = None
+    device_map: DeviceMap = None
+    max_memory: Mapping[str, int | str] | None = None
+    no_split: NoSplit = None
+    align_inputs: bool = False
+
+
+def resolve(backend: Backend, settings: Settings, ref: str | Ref) -> VersionRecord:
+    """The record ``ref`` names, checked (:func:`checked`) and passed by the signature policy
+    (REGISTRY_VERIFY): before any byte of the version is loaded."""
+    return verified(backend, settings, checked(backend.resolve(parse(ref))))
+
+
+def verified(backend: Backend, settings: Settings, record: VersionRecord) -> VersionRecord:
+    """``record`` once the signature policy passed it."""
+    signing.enforce(backend.signatures, record.manifest, settings.verify,
+                    public_keys=settings.trusted_keys, certificates=settings.trusted_certs)
+    return record
+
+
+def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *,
+         merge: bool = False) -> nn.Module:
+    """The module of ``ref`` (``oci://`` included) at ``target``, in eval mode; an adapter
+    version comes back on its base (merged with ``merge=True``)."""
+    if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
+        with opened(ref, settings) as (record, fetch):
+            return module(backend, settings, checked(record), target, fetch)
+    record = resolve(backend, settings, ref)
+    if "adapter" not in record.manifest:
+        return module(backend, settings, record, target)
+    return adapters.pull(
+        record, lambda base: resolve(backend, settings, base),
+        lambda base: module(backend, settings, base, target),
+        lambda device: read(backend, settings, record, lambda _k: device, adapters.as_stored,
+                            {}),
+        merge=merge)
+
+
+def module(backend: Backend, settings: Settings, record: VersionRecord, target: Target,
+           fetch: Fetch | None = None) -> nn.Module:
+    """The module of a resolved ``record``: built on ``meta``, checked against the stored
+    shapes, planned onto its devices, filled with the tensors :func:`read` gives."""
+    manifest = record.manifest
+    requested = dev.parse_dtype(target.dtype)
+    facts = dev.TorchFacts.probe()
+    ref_text = f"{record.name}:v{record.version}"
+    scheme = quantized.scheme_of(manifest, ref_text)  # quantized.Plain for float versions
+    device = scheme.auto_device(target.device, facts)
+    tied = dict(manifest["source"].get("tied", {}))
+    stored = scheme.module_keys({*manifest["tensors"], *tied})
+    built = mat.build_module(target.model, manifest.get("architecture", {}),
+                             settings.trusted_factories, ref_text, stored=stored)
+    tied.update(mat.implied_ties(built, stored))
+    stored_shapes = {**manifest["tensors"],
+                     **{a: manifest["tensors"][k] for a, k in tied.items()}}
+    mat.check_fits(built, scheme.shapes(stored_shapes), ref_text)
+    policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
+    placed = placement.plan(built, manifest, device=device, device_map=target.device_map,
+                            max_memory=target.max_memory, no_split=target.no_split,
+                            dtype=requested, facts=facts, sizes=scheme.sizes(manifest))
+    scheme.check_devices(placed.devices, facts, requested)
+    state = read(backend, settings, record, placed.device_of, scheme.policy(policy), tied,
+                 fetch)
+    state = scheme.rebuild(built, state, requested)
+    mat.fill_module(built, ordered_state(state, manifest), tied, placed.device_of)
+    architectures.retie(built)
+    placement.install_hooks(built, placed, align_inputs=target.align_inputs)
+    built.registry_ref = ref_text  # type: ignore[assignment]
+    return built
+
+
+def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
+               device: dev.DeviceRequest, dtype: dev.DtypeRequest) -> dict[str, Any]:
+    """The weights of a resolved ``record`` (plus stored non-tensor entries) on one device,
+    ordered like ``state_dict()`` with its ``_metadata``."""
+    manifest = record.manifest
+    requested = dev.parse_dtype(dtype)
+    facts = dev.TorchFacts.probe()
+    target = dev.resolve_device(device, placement.bytes_needed(manifest, requested), facts)
+    if requested is not None:
+        dev.check_dtype_runs(requested, target)
+    policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
+    tied = dict(manifest["source"].get("tied", {}))
+    state: dict[str, Any] = read(backend, settings, record, lambda _k: target, policy, tied)
+    state.update(manifest.get("extras", {}))
+    return ordered_state(state, manifest)
+
+
+def read(backend: Backend, settings: Settings, record: VersionRecord,
+         device_of: Callable[[str], torch.device], policy: DtypeFor, tied: dict[str, str],
+         fetch: Fetch | None = None) -> dict[str, torch.Tensor]:
+    """Every stored tensor on its device and dtype, tied aliases re-added. Shards are fetched
+    into the verified cache side by side, and each is loaded as soon as it is verified while
+    the others still arrive."""
+    specs = record.manifest["tensors"]
+    origin = f"{record.name}:v{record.version}"
+    out: dict[str, torch.Tensor] = {}
+    # Tensors bound for CUDA cross through two pinned buffers per device (staging.py).
+    stagings = Stagings(prefault_threads=settings.prefault_threads)
+    # Each shard is mapped from the very file that was verified (Backend.open_blob); an OCI
+    # pull's fetch hands back its verified layers in the cache.
+    opener = backend.open_blob if fetch is None else (
+        lambda digest, size: open(fetch(digest, size), "rb"))  # noqa: SIM115 (closed below)
+    for shard, fh in as_ready(lambda f: opener(f.digest, f.size),
+                              weight_files(record.manifest)):
+        with fh:
+            loaded = load_shard(fh, {k: specs[k] for k in shard.tensors}, device_of,
+                                policy, origin=origin, stagings=stagings)
+        # Map the shard's pages on other threads while the pull goes on (prefault.py).
+        prefault.start(loaded.values(), settings.prefault_threads)
+        out.update(loaded)
+    stagings.finish()
+    out = dict(sorted(out.items()))
+    for alias, kept in tied.items():
+        out[alias] = out[kept]
+    return out
