@@ -58,3 +58,39 @@ def test_the_readme_and_the_performance_page_show_the_same_benchmark_table() -> 
     shown = results(README)
     assert len(shown) >= 10
     assert shown == results((DOCS / "performance.md").read_text())
+
+
+def _named_modules(markdown: str) -> set[str]:
+    """Every backticked `x.py` or `dir/` in the first column of a module table, as a path."""
+    named: set[str] = set()
+    for row in _table_rows(markdown):
+        first = row.split("|")[1]
+        folder = "registry/"  # a bare name in a row takes the folder of the row's first name
+        for name in re.findall(r"`([\w/]+(?:\.py|/))`", first):
+            if name.startswith(("registry/", "server/")):
+                folder = name[:name.rindex("/") + 1] if name.endswith(".py") else folder
+            else:
+                name = folder + name
+            named.add(name)
+    return named
+
+
+def test_every_module_the_architecture_maps_name_exists() -> None:
+    arch = README[README.index("## Architecture"):README.index("## Development")]
+    page = (DOCS / "architecture.md").read_text()
+    for name in sorted(_named_modules(arch) | _named_modules(page)):
+        target = ROOT / name
+        exists = target.is_dir() if name.endswith("/") else target.is_file()
+        assert exists, f"an architecture map names {name}, which is not in the tree"
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    named = _named_modules((DOCS / "architecture.md").read_text())
+    missing = []
+    for package in ("registry", "server"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            folders = {"/".join(rel.split("/")[:i]) + "/" for i in range(2, rel.count("/") + 1)}
+            if rel not in named and not folders & named and not rel.endswith("/__init__.py"):
+                missing.append(rel)
+    assert not missing, f"docs/architecture.md has no row for {missing}"
