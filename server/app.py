@@ -61,6 +61,7 @@ from registry.refs import (
 )
 from registry.settings import Settings
 from registry.validate import DEFAULT_PAGE, MAX_BLOB_BYTES, MAX_PAGE
+from registry.versions import refuse_deleting_a_base
 from registry.wire import API, record_to_wire, status_for
 
 from .auth import AuthPolicy, Scope
@@ -340,10 +341,12 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
 
     @app.delete(API + "/models/{name}/versions/{version}", tags=["models"])
     def delete_version(name: str, version: str, caller: str = write,
-                       force: Annotated[bool, Query(description="Delete even if aliases point "
-                                                    "at the version.")] = False,
+                       force: Annotated[bool, Query(description="Delete even if aliases or "
+                                                    "adapters point at the version.")] = False,
                        ) -> dict[str, Any]:
         name, number = validate_name(name), validate_version(version)
+        if not force:  # adapters over it keep their base (409, names them and `force`)
+            refuse_deleting_a_base(local, name, number)
         record = local.delete_version(name, number, force=force)
         log.info("%s:v%d deleted by %s", name, number, caller)
         changed()
