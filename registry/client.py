@@ -139,7 +139,7 @@ class Registry(SignedVersions):
             created_at = datetime.now(timezone.utc).isoformat()
 
             def manifest_for(version: int) -> dict[str, Any]:
-                return {
+                manifest = {
                     "format_version": mf.FORMAT_VERSION,
                     "name": target,
                     "version": version,
@@ -159,6 +159,7 @@ class Registry(SignedVersions):
                     **({"quantization": weights.quantization} if weights.quantization else {}),
                     **sections,
                 }
+                return {**manifest, "format_version": mf.format_for(manifest)}
 
             with self._signing_commit(sign_key):
                 result = self._backend.push(target, claim, staged, manifest_for, tag_map,

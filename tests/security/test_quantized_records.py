@@ -159,3 +159,28 @@ def test_a_hostile_adapter_record_is_refused(reg: Registry, edit: Any, error: ty
         reg.pull("q:v1", device="cpu")
     assert not {"evil_mod", "evil_adapters"} & set(sys.modules)
     assert not {m for m in set(sys.modules) - before if m.startswith("megatron")}
+
+
+def test_quantized_and_adapter_manifests_are_format_3_and_an_older_reader_refuses_them(
+        reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry import ManifestError
+    from registry import manifest as mf
+
+    plain = reg.push(_float(), "plain")
+    assert plain.metadata["format_version"] == mf.FORMAT_VERSION == 2
+    quantized = _int8(reg)
+    assert quantized["format_version"] == mf.EXTENDED_FORMAT == 3
+    reg.push(_gpt2(), "base")
+    tuned = peft.get_peft_model(_gpt2(), peft.LoraConfig(r=2, target_modules=["c_attn"],
+                                                         fan_in_fan_out=True))
+    assert reg.push(tuned, "lora", base="base:v1").metadata["format_version"] == 3
+    # A format-2 manifest carrying a quantization record is refused, not read as floats.
+    downgraded = {**quantized, "format_version": 2}
+    with pytest.raises(ManifestError, match="format_version.*3 in a manifest with 'quantization'"):
+        mf.validate(downgraded, origin="q:v1")
+    # A reader from before format 3 (it reads 1 and 2) says to upgrade; floats it still reads.
+    monkeypatch.setattr(mf, "READABLE_FORMATS", (1, 2))
+    monkeypatch.setattr(mf, "EXTENDED_FORMAT", 2)
+    with pytest.raises(ManifestError, match="format_version 3, newer than this registry.*upgrade"):
+        mf.validate(quantized, origin="q:v1")
+    assert mf.validate(_manifest(reg, "plain:v1"), origin="plain:v1")
