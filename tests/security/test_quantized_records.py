@@ -184,3 +184,49 @@ def test_quantized_and_adapter_manifests_are_format_3_and_an_older_reader_refuse
     with pytest.raises(ManifestError, match="format_version 3, newer than this registry.*upgrade"):
         mf.validate(quantized, origin="q:v1")
     assert mf.validate(_manifest(reg, "plain:v1"), origin="plain:v1")
+
+
+@pytest.fixture(scope="module")
+def packed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("compressed_tensors")
+    from tests.integration.test_compressed_tensors import _checkpoint
+
+    return _checkpoint(tmp_path_factory.mktemp("ct"))
+
+
+def _group(m: dict[str, Any]) -> dict[str, Any]:
+    return m["quantization"]["config"]["config_groups"]["group_0"]
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda m: m["quantization"]["config"].update(format="marlin-24"),
+     "only 'pack-quantized' is loaded"),
+    (lambda m: m["quantization"]["config"].update(transform_config={"x": {"_type": "os.system"}}),
+     "more than weights"),
+    (lambda m: m["quantization"]["config"].update(loader="evil_quant_lib"),
+     "config key 'loader'"),
+    (lambda m: _group(m).update(input_activations={"num_bits": 8, "type": "int"}),
+     "only weight-only schemes"),
+    (lambda m: _group(m)["weights"].update(observer_kwargs={"cls": "evil_quant_lib.X"}),
+     "not int1..int8"),
+    (lambda m: _group(m)["weights"].update(group_size=16),
+     r"packed tensors of 'model\.layers\.0\.\S+' .*disagree with its quantization config"),
+    (lambda m: m["quantization"]["config"].update(ignore=["lm_head", "re:.*up_proj"]),
+     "quantizes .* not the packed modules"),
+    (lambda m: m["quantization"]["modules"].pop("model.layers.0.mlp.up_proj"),
+     "does not fit the model"),
+], ids=["format", "transform", "key", "activations", "observer", "group-size", "ignore",
+    "modules"])
+def test_a_hostile_compressed_tensors_record_is_refused(reg: Registry, packed_checkpoint: Any,
+                                                        edit: Any, match: str) -> None:
+    from tests.integration.test_compressed_tensors import _load
+
+    reg.push(_load(packed_checkpoint), "q")
+    manifest = _manifest(reg, "q:v1")
+    edit(manifest)
+    _tamper(reg, manifest)
+    before = set(sys.modules)
+    with pytest.raises((QuantizationError, StateDictMismatchError), match=match):
+        reg.pull("q:v1", device="cpu")
+    assert "evil_quant_lib" not in sys.modules and not {
+        m for m in set(sys.modules) - before if m.startswith("os.")}
