@@ -59,10 +59,13 @@ log = logging.getLogger(__name__)
 
 # -- push: what a module records ----------------------------------------------------------------
 
-def capture(module: nn.Module) -> dict[str, Any]:
-    """The architecture entries that rebuild ``module`` (empty for anything else)."""
+def capture(module: nn.Module, signature: Mapping[str, tuple[int, ...]] | None = None,
+            ) -> dict[str, Any]:
+    """The architecture entries that rebuild ``module`` (empty for anything else).
+    ``signature``: the keys and shapes the rebuilt float module must have, when they are not
+    ``module``'s own (a packed quantized model's, registry/ctensors.py)."""
     if _comes_from(module, "transformers"):
-        return _transformers_record(module)
+        return _transformers_record(module, signature)
     if _comes_from(module, "timm"):
         return _timm_record(module)
     if torchvision_builders.comes_from_torchvision(module):
@@ -78,7 +81,8 @@ def _comes_from(module: nn.Module, package: str) -> bool:
         for c in type(module).__mro__)
 
 
-def _transformers_record(module: nn.Module) -> dict[str, Any]:
+def _transformers_record(module: nn.Module,
+                         signature: Mapping[str, tuple[int, ...]] | None) -> dict[str, Any]:
     import transformers
 
     cls = type(module)
@@ -104,7 +108,7 @@ def _transformers_record(module: nn.Module) -> dict[str, Any]:
         log.warning("%s is pushed without its config, which pull could not use (%s); pull it "
                     "with model=", cls.__name__, problem)
         return {}
-    return record if _rebuilds(transformers_builder(record, "push"), module) else {}
+    return record if _rebuilds(transformers_builder(record, "push"), module, signature) else {}
 
 
 def _timm_record(module: nn.Module) -> dict[str, Any]:
@@ -171,9 +175,12 @@ def _first_weight(module: nn.Module, path: str) -> Any:
         return None
 
 
-def _rebuilds(make: Callable[[], Any], module: nn.Module) -> bool:
-    """Whether ``make()``, built with parameters on ``meta``, has ``module``'s keys and shapes."""
-    want = {k: tuple(v.shape) for k, v in module.state_dict().items() if hasattr(v, "shape")}
+def _rebuilds(make: Callable[[], Any], module: nn.Module,
+              signature: Mapping[str, tuple[int, ...]] | None = None) -> bool:
+    """Whether ``make()``, built with parameters on ``meta``, has ``module``'s keys and shapes
+    (or ``signature``)."""
+    want = dict(signature) if signature is not None else {
+        k: tuple(v.shape) for k, v in module.state_dict().items() if hasattr(v, "shape")}
     try:
         with empty_parameters():
             built = make()

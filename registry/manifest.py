@@ -35,7 +35,12 @@ from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # 
 from .validate import MAX_BLOB_BYTES
 
 FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+# A quantized or adapter version's manifest: format 2 plus the keys below, which a format-2
+# reader cannot use. Format 3 makes such a reader refuse it as newer ("upgrade the registry
+# package") instead of misreading it as float weights; a float version stays format 2.
+EXTENDED_FORMAT = 3
+EXTENDED_KEYS = ("quantization", "adapter")
+READABLE_FORMATS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class Draft:
     sections: dict[str, Any] = field(default_factory=dict)  # an adapter's "adapter" section
 
     def for_version(self, version: int) -> dict[str, Any]:
-        return {
+        manifest = {
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "version": version,
@@ -119,6 +124,7 @@ class Draft:
             **({"quantization": self.quantization} if self.quantization else {}),
             **self.sections,
         }
+        return {**manifest, "format_version": format_for(manifest)}
 
 
 # The store's copy of a manifest carries the sha256 of its own canonical JSON under this key, so
@@ -173,6 +179,12 @@ TOP_LEVEL_KEYS = frozenset({
 })
 
 
+def format_for(manifest: Mapping[str, Any]) -> int:
+    """The format_version a new manifest is written in: :data:`EXTENDED_FORMAT` when it holds
+    a quantization or adapter record, else :data:`FORMAT_VERSION`."""
+    return EXTENDED_FORMAT if any(k in manifest for k in EXTENDED_KEYS) else FORMAT_VERSION
+
+
 def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     """``manifest`` if it is a well-formed manifest whose digest matches its files.
 
@@ -182,10 +194,10 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     m = _obj(manifest, "manifest", origin)
     fmt = m.get("format_version")
     if not _is_int(fmt) or fmt not in READABLE_FORMATS:
-        if _is_int(fmt) and fmt > FORMAT_VERSION:
+        if _is_int(fmt) and fmt > EXTENDED_FORMAT:
             raise ManifestError(
                 f"manifest {origin} has format_version {fmt}, newer than this registry "
-                f"understands ({FORMAT_VERSION}); upgrade the registry package")
+                f"understands ({EXTENDED_FORMAT}); upgrade the registry package")
         raise ManifestError(f"{origin} is not a registry manifest (format_version "
                             f"{quoted(fmt)}; expected one of {READABLE_FORMATS})")
     if unknown := sorted(str(k) for k in m if k not in TOP_LEVEL_KEYS):
@@ -251,8 +263,11 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")
     _attachments(m.get("attachments", []), origin)
-    for part in ("quantization", "adapter"):  # checked in full where used (quantized.py,
-        if part in m:                         # adapters.py), which knows the libraries
+    for part in EXTENDED_KEYS:  # checked in full where used (quantized.py, adapters.py)
+        if part in m:
+            if fmt != EXTENDED_FORMAT:
+                _fail(origin, "format_version", fmt, f"{EXTENDED_FORMAT} in a manifest with "
+                      f"{part!r}")
             _obj(m[part], part, origin)
     _module_metadata(m.get("module_metadata", {}), origin)
     _key_order(m.get("key_order"), [tensors, m["source"].get("tied", {}), m.get("extras", {})],

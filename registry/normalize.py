@@ -89,7 +89,7 @@ def normalize(
             raw, quantization = flat.state, flat.record
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
         if record_architecture:
-            architecture.update(capture(inner))
+            architecture.update(capture(inner, flat.signature if flat else None))
         declared_fp32 += list(getattr(inner, "_keep_in_fp32_modules", None) or [])
         source["input"] = "module"
         params = sum(p.numel() for p in {id(p): p for p in inner.parameters()}.values())

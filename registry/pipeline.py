@@ -135,7 +135,12 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
         dev.check_dtype_runs(requested, target)
     policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
     tied = dict(manifest["source"].get("tied", {}))
-    state: dict[str, Any] = read(backend, settings, record, lambda _k: target, policy, tied)
+    # A quantized version: its library's tensors, or floats when dtype asks (quantized.py).
+    scheme = quantized.scheme_of(manifest, f"{record.name}:v{record.version}")
+    scheme.check_devices([target], facts, requested)
+    state: dict[str, Any] = read(backend, settings, record, lambda _k: target,
+                                 scheme.policy(policy), tied)
+    state = scheme.state_dict(state, requested)
     state.update(manifest.get("extras", {}))
     return ordered_state(state, manifest)
 

@@ -33,6 +33,7 @@ from . import adapters, attachments, quantized, safewrite
 from . import devices as dev
 from .errors import ArchitectureUnknownError, QuantizationError
 from .files import VersionFile, attached_files, weight_files
+from .schemes import COMPRESSED_TENSORS, TORCHAO, Checked
 from .signing.oms import IGNORED_PATHS
 from .weights import load_shard, write_safetensors
 
@@ -159,13 +160,16 @@ def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
                      origin: str) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
     """The ``quantization_config`` and safetensors metadata a ``from_pretrained`` directory of
     a quantized version needs ((None, None) for a float version): transformers' torchao loader
-    rebuilds the tensors from the metadata torchao's flatten wrote."""
+    rebuilds the tensors from the metadata torchao's flatten wrote; compressed-tensors' packed
+    components are the checkpoint's own tensors, written as stored."""
     scheme = quantized.scheme_of(manifest, origin)
-    if not isinstance(scheme, quantized.Scheme):
+    if not isinstance(scheme, Checked):
         return None, None
     record = scheme.record
     hf = record.get("hf_quantization_config")
-    if record["library"] != quantized.TORCHAO or hf is None:
+    if record["library"] == COMPRESSED_TENSORS:  # its components are the checkpoint's own
+        hf = record["config"]
+    elif record["library"] != TORCHAO or hf is None:
         raise QuantizationError(
             f"{origin} is quantized with {scheme.name} without a transformers "
             "quantization_config, so transformers could not load it quantized; pull it with "
@@ -173,6 +177,8 @@ def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
     if requested is not None:
         raise QuantizationError(f"{origin} is quantized: a from_pretrained directory keeps its "
                                 "stored components; pass dtype='auto'")
+    if record["library"] == COMPRESSED_TENSORS:
+        return dict(hf), None
     names = record["tensor_names"]
     metadata = {"tensor_names": json.dumps(names),
                 **{n: json.dumps(record["config"].get(n, {"_type": "Tensor"})) for n in names}}

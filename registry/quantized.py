@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +30,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import devices as dev
-from .errors import NormalizationError, QuantizationError, SchemeDeviceError, quoted
-from .schemes import DYNAMIC_QINT8, METHODS, TORCH_AO, TORCHAO, TORCHAO_METHODS, Runs, check
+from . import ctensors
+from .errors import NormalizationError, QuantizationError, quoted
+from .schemes import (
+    COMPRESSED_TENSORS,
+    DYNAMIC_QINT8,
+    METHODS,
+    PACK_QUANTIZED,
+    TORCH_AO,
+    TORCHAO,
+    TORCHAO_METHODS,
+    Checked,
+    Plain,
+    check,
+)
 
 log = logging.getLogger(__name__)
-
 
 
 # -- push: a quantized module -> plain tensors + record ------------------------------------------
@@ -48,6 +57,8 @@ class Flattened:
 
     state: dict[str, Any]
     record: dict[str, Any]
+    # The float model's keys and shapes, where they are not the quantized module's own.
+    signature: dict[str, tuple[int, ...]] | None = None
 
 
 def flatten(module: nn.Module, state: Mapping[str, Any]) -> Flattened | None:
@@ -57,9 +68,15 @@ def flatten(module: nn.Module, state: Mapping[str, Any]) -> Flattened | None:
     subclasses = {k: v for k, v in state.items()
                   if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor
                   and type(v).__module__.startswith("torchao.")}
-    if dynamic and subclasses:
-        raise NormalizationError("the module mixes torchao and torch.ao quantization; push one "
-                                 "scheme per version")
+    packed = ctensors.packed_modules(module)
+    if sum(map(bool, (dynamic, subclasses, packed))) > 1:
+        raise NormalizationError("the module mixes torchao, torch.ao or compressed-tensors "
+                                 "quantization; push one scheme per version")
+    if packed:
+        out, fields = ctensors.flatten(module, state, packed)
+        plain = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        record = _record(COMPRESSED_TENSORS, "", PACK_QUANTIZED, module, plain, ())
+        return Flattened(out, {**record, **fields}, ctensors.signature(out, fields["modules"]))
     if subclasses:
         return _flatten_torchao(module, state, subclasses)
     if dynamic:
@@ -181,44 +198,9 @@ def _is_dynamic_linear(module: nn.Module) -> bool:
 
 # -- pull: the record, checked, and the module rebuilt -------------------------------------------
 
-class Plain:
-    """The pull steps of a float version: each leaves what it is given as it is."""
-
-    def auto_device(self, request: dev.DeviceRequest, facts: dev.TorchFacts) -> dev.DeviceRequest:
-        return request
-
-    def module_keys(self, stored: Iterable[str]) -> set[str]:
-        return set(stored)
-
-    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
-        return specs
-
-    def sizes(self, manifest: Mapping[str, Any]) -> dict[str, int] | None:
-        return None
-
-    def check_devices(self, devices: Iterable[torch.device], facts: dev.TorchFacts,
-                      dequantize: torch.dtype | None) -> None:
-        return None
-
-    def policy(self, policy: Any) -> Any:
-        return policy
-
-    def rebuild(self, module: nn.Module, state: dict[str, Any],
-                dequantize: torch.dtype | None) -> dict[str, Any]:
-        return state
-
-
-@dataclass(frozen=True)
-class Scheme(Plain):
-    """A version's quantization record once checked against what this registry knows."""
-
-    record: dict[str, Any]
-    runs: Runs
-    origin: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.record['library']} {self.record['method']}"
+class Scheme(Checked):
+    """A torchao or torch.ao version's checked quantization record (:class:`Checked`): how its
+    stored components fill the module's keys and how they are rebuilt."""
 
     def module_keys(self, stored: Iterable[str]) -> set[str]:
         """The module's state-dict keys the stored (flattened) keys fill."""
@@ -244,20 +226,6 @@ class Scheme(Plain):
                 out[f"{m['path']}.bias"] = {"shape": [m["out_features"]]}
         return out
 
-    def policy(self, policy: Any) -> Any:
-        return stored_dtype  # components are read byte for byte; rebuild casts when asked
-
-    def sizes(self, manifest: Mapping[str, Any]) -> dict[str, int]:
-        """Stored bytes per module key: the components of a quantized weight count for it, so
-        ``device_map='auto'`` plans by what the device will hold, not the float size."""
-        out: dict[str, int] = {}
-        owners = self._owners()
-        for key, spec in manifest["tensors"].items():
-            size = math.prod(spec["shape"]) * getattr(torch, spec["dtype"]).itemsize
-            owner = owners.get(key, key)
-            out[owner] = out.get(owner, 0) + size
-        return out
-
     def _owners(self) -> dict[str, str]:
         owners: dict[str, str] = {}
         if self.record["library"] == TORCHAO:
@@ -272,30 +240,16 @@ class Scheme(Plain):
                     owners[f"{p}.{c}"] = f"{p}.weight"
         return owners
 
-    def auto_device(self, request: dev.DeviceRequest, facts: dev.TorchFacts) -> dev.DeviceRequest:
-        """``"auto"`` among the devices that run the scheme; a named device is left as asked."""
-        if not (isinstance(request, str) and request == "auto"):
-            return request
-        runnable = [d for d in facts.available() if self.runs.on(torch.device(d), facts)]
-        if runnable and not any(d.startswith("cuda") for d in runnable) and facts.cuda:
-            log.info("%s: %s has no CUDA kernels; device='auto' pulls it onto %s", self.origin,
-                     self.name, runnable[0])
-            return runnable[0]
-        return request
-
-    def check_devices(self, devices: Iterable[torch.device], facts: dev.TorchFacts,
-                      dequantize: torch.dtype | None) -> None:
-        """Refuse a device without kernels for the scheme, unless floats were asked for."""
-        for device in devices:
-            if self.runs.on(device, facts):
-                continue
-            if dequantize is not None:
-                continue
-            can = ", ".join(self.runs.labels()) or "none known"
-            raise SchemeDeviceError(
-                f"{self.origin} is quantized with {self.name}, which has no kernels on "
-                f"{device}; it runs on: {can}. Pull onto one of those, or pass dtype='float32' "
-                "(or 'bfloat16') to dequantize on load")
+    def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
+        """torchao: its tensor subclasses under the module's keys, as ``quantize_``'s model's
+        ``state_dict()`` holds them. torch.ao's packed params live only in their modules, so
+        their stored components come back as floats when asked, else are refused."""
+        if self.record["library"] == TORCHAO or dequantize is not None:
+            return self.rebuild(nn.Module(), state, dequantize)
+        raise QuantizationError(
+            f"{self.origin} is quantized with {self.name}, whose weights exist only inside its "
+            "dynamic Linear modules: pull the module with registry.pull(ref, model=...), or "
+            "pass dtype='float32' to pull_state_dict for dequantized weights")
 
     def rebuild(self, module: nn.Module, state: dict[str, Any],
                 dequantize: torch.dtype | None) -> dict[str, Any]:
@@ -390,11 +344,6 @@ class Scheme(Plain):
         return out
 
 
-def stored_dtype(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype policy of a quantized pull: components are read as stored, byte for byte."""
-    return stored
-
-
 def dev_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -432,4 +381,5 @@ def scheme_of(manifest: Mapping[str, Any], origin: str) -> Plain:
         return Plain()
     if problem := check(record):
         raise QuantizationError(f"{origin}: its quantization record {problem}; it was not used")
-    return Scheme(record, METHODS[(record["library"], record["method"])], origin)
+    kind = ctensors.Packed if record["library"] == COMPRESSED_TENSORS else Scheme
+    return kind(record, METHODS[(record["library"], record["method"])], origin)

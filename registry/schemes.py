@@ -11,18 +11,24 @@ dtypes, before torchao sees it (torchao would otherwise ``getattr(torch, name)``
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import devices as dev
-from .errors import quoted
+from .errors import SchemeDeviceError, quoted
+
+log = logging.getLogger(__name__)
 
 TORCHAO = "torchao"
 TORCH_AO = "torch.ao"
 DYNAMIC_QINT8 = "dynamic_qint8"
+COMPRESSED_TENSORS = "compressed-tensors"
+PACK_QUANTIZED = "pack-quantized"
 _MAX_CONFIG_CHARS = 4096
 _MAX_NESTING = 8
 
@@ -64,6 +70,8 @@ METHODS: dict[tuple[str, str], Runs] = {
     (TORCHAO, "float8_dynamic_activation_float8_weight"): Runs(cpu=False, cuda=(8, 9)),
     (TORCHAO, "int4_weight_only"): Runs(cpu=False, cuda=(8, 0)),
     (TORCH_AO, DYNAMIC_QINT8): Runs(cpu=True, cuda=None),
+    # compressed-tensors unpacks int1..int8 groups with plain torch ops wherever torch runs.
+    (COMPRESSED_TENSORS, PACK_QUANTIZED): Runs(cpu=True, cuda=(0, 0)),
 }
 
 # torchao subclass -> method, by whether activations are quantized too.
@@ -90,6 +98,8 @@ def check(record: object) -> str | None:
         value = record.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"has {field} {quoted(value)}, not a count"
+    if record["library"] == COMPRESSED_TENSORS:
+        return _check_compressed(record)
     if record["library"] == TORCHAO:
         hf = record.get("hf_quantization_config")
         if hf is not None and (not isinstance(hf, dict) or hf.get("quant_method") != TORCHAO):
@@ -169,3 +179,168 @@ def _check_value(value: object, allowed: set[str], depth: int) -> str | None:
             if problem := _check_value(v, allowed, depth + 1):
                 return problem
     return None
+
+
+# -- compressed-tensors: a transformers quantization_config, checked as data ----------------------
+
+_CT_KEYS = frozenset({"config_groups", "quant_method", "kv_cache_scheme", "format", "version",
+                      "quantization_status", "global_compression_ratio", "ignore",
+                      "moe_sparsity_config", "sparsity_config", "transform_config"})
+_CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations",
+                            "format"})
+_CT_WEIGHT_KEYS = frozenset({"num_bits", "type", "symmetric", "group_size", "strategy",
+                             "dynamic", "actorder", "observer", "observer_kwargs", "scale_dtype",
+                             "zp_dtype", "block_structure"})
+
+
+def _check_compressed(record: Mapping[str, Any]) -> str | None:
+    """A pack-quantized, weight-only int config whose every value is plain data (the library
+    validates it again with pydantic; nothing in it names code), and the modules it packed."""
+    config = record.get("config")
+    if not isinstance(config, dict) or len(json.dumps(config)) > 16 * _MAX_CONFIG_CHARS:
+        return f"has a compressed-tensors config {quoted(config, 80)} that is not an object"
+    if unknown := sorted(str(k) for k in config if k not in _CT_KEYS):
+        return f"has a config key {quoted(unknown[0], 60)} compressed-tensors configs lack"
+    if config.get("quant_method") != COMPRESSED_TENSORS or config.get("format") != PACK_QUANTIZED:
+        return (f"has quant_method {quoted(config.get('quant_method'), 40)} format "
+                f"{quoted(config.get('format'), 40)}; only {PACK_QUANTIZED!r} is loaded")
+    if any(config.get(k) for k in ("kv_cache_scheme", "sparsity_config", "transform_config",
+                                   "moe_sparsity_config")):
+        return "quantizes more than weights (kv cache, sparsity or transforms)"
+    if not _strings(config.get("ignore") or []):
+        return f"has ignore {quoted(config.get('ignore'), 80)}, not a list of names"
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return "has no config_groups"
+    for name, group in groups.items():
+        if problem := _check_group(group):
+            return f"gives group {quoted(name, 40)} {problem}"
+    modules = record.get("modules")
+    if not isinstance(modules, dict) or not modules:
+        return "lists no quantized modules"
+    for path, m in modules.items():
+        if not isinstance(m, dict) or m.get("group") not in groups or not isinstance(path, str) \
+                or not isinstance(m.get("shape"), list) or len(m["shape"]) != 2 \
+                or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**31
+                           for n in m["shape"]):
+            return f"has a malformed module entry {quoted(path, 80)}: {quoted(m, 80)}"
+    return None
+
+
+def _check_group(group: object) -> str | None:
+    if not isinstance(group, dict) or not set(group) <= _CT_GROUP_KEYS:
+        return f"{quoted(group, 80)}, not a scheme"
+    if group.get("input_activations") is not None or group.get("output_activations") is not None:
+        return "quantized activations; only weight-only schemes are loaded"
+    if group.get("format") not in (None, PACK_QUANTIZED) or not _strings(group.get("targets")):
+        return f"format {quoted(group.get('format'), 40)} or targets that are not names"
+    w = group.get("weights")
+    if not isinstance(w, dict) or not set(w) <= _CT_WEIGHT_KEYS or w.get("type") != "int" \
+            or w.get("num_bits") not in range(1, 9) or w.get("dynamic") not in (False, None) \
+            or w.get("strategy") not in ("group", "channel") or w.get("observer_kwargs") \
+            or not all(v is None or isinstance(v, (bool, int, float)) or
+                       (isinstance(v, str) and len(v) <= 64) for k, v in w.items()
+                       if k not in ("observer_kwargs", "block_structure")):
+        return f"weights {quoted(w, 120)}, not int1..int8 by group or channel"
+    size = w.get("group_size")
+    if w["strategy"] == "group" and not (isinstance(size, int) and 0 < size < 2**31):
+        return f"group_size {quoted(size)}"
+    return None
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and len(value) <= 1024 and all(
+        isinstance(v, str) and len(v) <= 256 for v in value)
+
+
+# -- the pull steps a scheme takes --------------------------------------------------------------
+
+class Plain:
+    """The pull steps of a float version: each leaves what it is given as it is."""
+
+    def auto_device(self, request: dev.DeviceRequest, facts: dev.TorchFacts) -> dev.DeviceRequest:
+        return request
+
+    def module_keys(self, stored: Iterable[str]) -> set[str]:
+        return set(stored)
+
+    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
+        return specs
+
+    def sizes(self, manifest: Mapping[str, Any]) -> dict[str, int] | None:
+        return None
+
+    def check_devices(self, devices: Iterable[torch.device], facts: dev.TorchFacts,
+                      dequantize: torch.dtype | None) -> None:
+        return None
+
+    def policy(self, policy: Any) -> Any:
+        return policy
+
+    def rebuild(self, module: Any, state: dict[str, Any],
+                dequantize: torch.dtype | None) -> dict[str, Any]:
+        return state
+
+    def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
+        """What ``pull_state_dict`` returns from the stored tensors."""
+        return state
+
+
+@dataclass(frozen=True)
+class Checked(Plain):
+    """A version's quantization record once checked against what this registry knows: the
+    device facts of its scheme. Each library's subclass says how its components are rebuilt."""
+
+    record: dict[str, Any]
+    runs: Runs
+    origin: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.record['library']} {self.record['method']}"
+
+    def policy(self, policy: Any) -> Any:
+        return stored_dtype  # components are read byte for byte; rebuild casts when asked
+
+    def _owners(self) -> dict[str, str]:
+        """Stored component key -> the module key it belongs to."""
+        raise NotImplementedError
+
+    def sizes(self, manifest: Mapping[str, Any]) -> dict[str, int]:
+        """Stored bytes per module key: the components of a quantized weight count for it, so
+        ``device_map='auto'`` plans by what the device will hold, not the float size."""
+        out: dict[str, int] = {}
+        owners = self._owners()
+        for key, spec in manifest["tensors"].items():
+            size = math.prod(spec["shape"]) * getattr(torch, spec["dtype"]).itemsize
+            owner = owners.get(key, key)
+            out[owner] = out.get(owner, 0) + size
+        return out
+
+    def auto_device(self, request: dev.DeviceRequest, facts: dev.TorchFacts) -> dev.DeviceRequest:
+        """``"auto"`` among the devices that run the scheme; a named device is left as asked."""
+        if not (isinstance(request, str) and request == "auto"):
+            return request
+        runnable = [d for d in facts.available() if self.runs.on(torch.device(d), facts)]
+        if runnable and not any(d.startswith("cuda") for d in runnable) and facts.cuda:
+            log.info("%s: %s has no CUDA kernels; device='auto' pulls it onto %s", self.origin,
+                     self.name, runnable[0])
+            return runnable[0]
+        return request
+
+    def check_devices(self, devices: Iterable[torch.device], facts: dev.TorchFacts,
+                      dequantize: torch.dtype | None) -> None:
+        """Refuse a device without kernels for the scheme, unless floats were asked for."""
+        for device in devices:
+            if self.runs.on(device, facts) or dequantize is not None:
+                continue
+            can = ", ".join(self.runs.labels()) or "none known"
+            raise SchemeDeviceError(
+                f"{self.origin} is quantized with {self.name}, which has no kernels on "
+                f"{device}; it runs on: {can}. Pull onto one of those, or pass dtype='float32' "
+                "(or 'bfloat16') to dequantize on load")
+
+
+def stored_dtype(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype policy of a quantized pull: components are read as stored, byte for byte."""
+    return stored

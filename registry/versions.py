@@ -129,13 +129,12 @@ class Versions:
             raise RefError(f"delete_version needs an explicit version such as "
                            f"'{parsed.name}:v1', not {str(parsed)!r}")
         if not force:
-            _refuse_deleting_a_base(self._backend.resolve(parsed), self._newest_first())
+            refuse_deleting_a_base(self._backend, parsed.name, parsed.version)
         return model_version(self._backend.delete_version(parsed.name, parsed.version,
                                                           force=force))
 
     def _newest_first(self) -> Iterable[VersionRecord]:
-        return (r for name in self._backend.list_models()
-                for r in reversed(self._backend.list_versions(name)))
+        return _newest_first(self._backend)
 
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""
@@ -164,6 +163,17 @@ def adapters_over(bases: Iterable[VersionRecord],
             if isinstance(a := r.manifest.get("adapter"), dict)
             and isinstance(b := a.get("base"), dict)
             and (b.get("name"), b.get("digest")) in wanted]
+
+
+def refuse_deleting_a_base(backend: Backend, name: str, version: int) -> None:
+    """ReferencedVersionError when adapter versions name ``name:v<version>`` as their base and
+    no other version of its name holds the same weights: the guard of every delete without
+    ``force``, the facade's and the server's DELETE route alike."""
+    _refuse_deleting_a_base(backend.resolve(Ref(name, version)), _newest_first(backend))
+
+
+def _newest_first(backend: Backend) -> Iterable[VersionRecord]:
+    return (r for name in backend.list_models() for r in reversed(backend.list_versions(name)))
 
 
 def _refuse_deleting_a_base(base: VersionRecord, versions: Iterable[VersionRecord]) -> None:

@@ -18,6 +18,7 @@ from registry.refs import (
     validate_version,
 )
 from registry.validate import DEFAULT_PAGE, MAX_PAGE
+from registry.versions import refuse_deleting_a_base
 from registry.wire import API, record_to_wire
 
 from ..boundary import Body
@@ -107,10 +108,12 @@ def set_tags(name: str, version: str, body: TagChanges, local: Backend, changed:
 @router.delete("/models/{name}/versions/{version}", tags=["models"])
 def delete_version(name: str, version: str, local: Backend, changed: Changed,
                    caller: str = write,
-                   force: Annotated[bool, Query(description="Delete even if aliases point "
-                                                "at the version.")] = False,
+                   force: Annotated[bool, Query(description="Delete even if aliases or "
+                                                "adapters point at the version.")] = False,
                    ) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
+    if not force:  # adapters over it keep their base (409, names them and `force`)
+        refuse_deleting_a_base(local, name, number)
     record = local.delete_version(name, number, force=force)
     log.info("%s:v%d deleted by %s", name, number, caller)
     changed()

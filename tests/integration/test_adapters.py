@@ -10,6 +10,7 @@ from registry import Registry
 from registry.errors import (
     AdapterError,
     BaseNotFoundError,
+    NotFoundError,
     ReferencedVersionError,
 )
 
@@ -105,6 +106,30 @@ def test_ls_and_delete_know_the_adapters_of_a_base(reg: Registry) -> None:
     reg.delete_version("gpt2-tiny:v2")
     with pytest.raises(ReferencedVersionError):
         reg.delete_version("gpt2-tiny:v3")
+
+
+def test_the_servers_delete_route_keeps_the_base_of_adapters(reg: Registry, home) -> None:
+    """The guard is the server's too: a DELETE without force answers 409 naming the adapters,
+    and the remote client raises the same ReferencedVersionError."""
+    from fastapi.testclient import TestClient
+
+    from registry.settings import Settings
+    from server.app import create_app
+
+    reg.push(_base(), "gpt2-tiny")
+    reg.push(_lora(_base()), "lora", base="gpt2-tiny:v1")
+    app = create_app(Settings.from_env(home=home))
+    with TestClient(app) as client:
+        answer = client.delete("/api/v1/models/gpt2-tiny/versions/1")
+        assert answer.status_code == 409, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "version_referenced"
+        assert "lora:v1" in error["message"] and "force" in error["message"]
+        assert reg.show("gpt2-tiny:v1")
+        assert client.delete("/api/v1/models/gpt2-tiny/versions/1",
+                             params={"force": "true"}).status_code == 200
+    with pytest.raises(NotFoundError):
+        reg.show("gpt2-tiny:v1")
 
 
 def test_the_base_is_pulled_through_the_same_cache(reg: Registry, monkeypatch) -> None:

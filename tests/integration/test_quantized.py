@@ -276,3 +276,32 @@ def test_int4_which_has_no_cpu_kernels_is_refused_on_the_cpu(reg: Registry) -> N
         with pytest.raises(Refused, match=r"int4_weight_only.*runs on: cuda \(capability >= "
                                           r"8.0\)"):
             reg.pull("q:v1", device=device, model=_float)
+
+
+def test_pull_state_dict_of_a_quantized_version(reg: Registry) -> None:
+    """torchao: its tensor subclasses under the module's keys, as the quantized model's own
+    state_dict() holds them; torch.ao's packed modules: a typed error pointing at pull(), or
+    floats on request. dtype= dequantizes either."""
+    from registry.errors import QuantizationError
+
+    pushed = _torchao(Int8WeightOnlyConfig())
+    mv = reg.push(pushed, "q")
+    state = reg.pull_state_dict(mv.ref, device="cpu")
+    want = pushed.state_dict()
+    assert set(state) == set(want)  # in stored-key order (the manifest's key_order)
+    assert type(state["0.weight"]) is type(want["0.weight"])
+    assert torch.equal(state["0.weight"].dequantize(), want["0.weight"].dequantize())
+    floats = reg.pull_state_dict(mv.ref, device="cpu", dtype="float32")
+    assert type(floats["0.weight"]) is torch.Tensor and floats["0.weight"].dtype == torch.float32
+    plain = _float()
+    plain.load_state_dict(floats)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(plain(x), pushed(x))
+
+    dynamic = _dynamic()
+    dq = reg.push(dynamic, "dq")
+    with pytest.raises(QuantizationError, match=r"registry\.pull\(ref, model=\.\.\.\).*float32"):
+        reg.pull_state_dict(dq.ref, device="cpu")
+    plain = _float()
+    plain.load_state_dict(reg.pull_state_dict(dq.ref, device="cpu", dtype="float32"))
+    torch.testing.assert_close(plain(x), dynamic(x), atol=0.05, rtol=0.05)

@@ -101,7 +101,7 @@ def _manifest_with_shape(manifest: dict[str, Any]) -> dict[str, Any]:
     (lambda m: m.update(version=2**40), "version is"),
     (lambda m: m.update(name="../../evil"), "invalid model name"),
     (lambda m: m.update(format_version=True), "format_version"),
-    (lambda m: m.update(format_version=3), "newer than this registry"),
+    (lambda m: m.update(format_version=4), "newer than this registry"),
     (lambda m: m.update(attachments=[{"name": "../x", "digest": "sha256:" + "0" * 64,
                                       "size": 1}]), "invalid file name"),
     (lambda m: m.update(tags={"k": "v" * 10**6}), None),

@@ -159,3 +159,74 @@ def test_a_hostile_adapter_record_is_refused(reg: Registry, edit: Any, error: ty
         reg.pull("q:v1", device="cpu")
     assert not {"evil_mod", "evil_adapters"} & set(sys.modules)
     assert not {m for m in set(sys.modules) - before if m.startswith("megatron")}
+
+
+def test_quantized_and_adapter_manifests_are_format_3_and_an_older_reader_refuses_them(
+        reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry import ManifestError
+    from registry import manifest as mf
+
+    plain = reg.push(_float(), "plain")
+    assert plain.metadata["format_version"] == mf.FORMAT_VERSION == 2
+    quantized = _int8(reg)
+    assert quantized["format_version"] == mf.EXTENDED_FORMAT == 3
+    reg.push(_gpt2(), "base")
+    tuned = peft.get_peft_model(_gpt2(), peft.LoraConfig(r=2, target_modules=["c_attn"],
+                                                         fan_in_fan_out=True))
+    assert reg.push(tuned, "lora", base="base:v1").metadata["format_version"] == 3
+    # A format-2 manifest carrying a quantization record is refused, not read as floats.
+    downgraded = {**quantized, "format_version": 2}
+    with pytest.raises(ManifestError, match="format_version.*3 in a manifest with 'quantization'"):
+        mf.validate(downgraded, origin="q:v1")
+    # A reader from before format 3 (it reads 1 and 2) says to upgrade; floats it still reads.
+    monkeypatch.setattr(mf, "READABLE_FORMATS", (1, 2))
+    monkeypatch.setattr(mf, "EXTENDED_FORMAT", 2)
+    with pytest.raises(ManifestError, match="format_version 3, newer than this registry.*upgrade"):
+        mf.validate(quantized, origin="q:v1")
+    assert mf.validate(_manifest(reg, "plain:v1"), origin="plain:v1")
+
+
+@pytest.fixture(scope="module")
+def packed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("compressed_tensors")
+    from tests.integration.test_compressed_tensors import _checkpoint
+
+    return _checkpoint(tmp_path_factory.mktemp("ct"))
+
+
+def _group(m: dict[str, Any]) -> dict[str, Any]:
+    return m["quantization"]["config"]["config_groups"]["group_0"]
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda m: m["quantization"]["config"].update(format="marlin-24"),
+     "only 'pack-quantized' is loaded"),
+    (lambda m: m["quantization"]["config"].update(transform_config={"x": {"_type": "os.system"}}),
+     "more than weights"),
+    (lambda m: m["quantization"]["config"].update(loader="evil_quant_lib"),
+     "config key 'loader'"),
+    (lambda m: _group(m).update(input_activations={"num_bits": 8, "type": "int"}),
+     "only weight-only schemes"),
+    (lambda m: _group(m)["weights"].update(observer_kwargs={"cls": "evil_quant_lib.X"}),
+     "not int1..int8"),
+    (lambda m: _group(m)["weights"].update(group_size=16),
+     r"packed tensors of 'model\.layers\.0\.\S+' .*disagree with its quantization config"),
+    (lambda m: m["quantization"]["config"].update(ignore=["lm_head", "re:.*up_proj"]),
+     "quantizes .* not the packed modules"),
+    (lambda m: m["quantization"]["modules"].pop("model.layers.0.mlp.up_proj"),
+     "does not fit the model"),
+], ids=["format", "transform", "key", "activations", "observer", "group-size", "ignore",
+    "modules"])
+def test_a_hostile_compressed_tensors_record_is_refused(reg: Registry, packed_checkpoint: Any,
+                                                        edit: Any, match: str) -> None:
+    from tests.integration.test_compressed_tensors import _load
+
+    reg.push(_load(packed_checkpoint), "q")
+    manifest = _manifest(reg, "q:v1")
+    edit(manifest)
+    _tamper(reg, manifest)
+    before = set(sys.modules)
+    with pytest.raises((QuantizationError, StateDictMismatchError), match=match):
+        reg.pull("q:v1", device="cpu")
+    assert "evil_quant_lib" not in sys.modules and not {
+        m for m in set(sys.modules) - before if m.startswith("os.")}

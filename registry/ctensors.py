@@ -1,0 +1,193 @@
+"""compressed-tensors packed-int versions: a transformers model loaded (or built) with a
+``CompressedTensorsConfig`` whose format is ``pack-quantized`` (int1..int8 weights, by group or
+by channel, packed eight 4-bit values to an int32).
+
+Such a model's state dict is already plain tensors (``weight_packed`` int32, ``weight_scale``,
+``weight_shape``, ``weight_zero_point`` when asymmetric): push stores them as they are, and
+packs a module compressed-tensors has decompressed (after a first forward) again with the
+library's own compressor. The record holds the transformers ``quantization_config`` and each
+packed module's config group and logical weight shape.
+
+Pull builds the float model from its recorded config, lets compressed-tensors give the
+quantized modules their packed layout (``apply_quantization_config`` and ``compress_model``,
+as transformers' own loader does) and loads the stored components into it; compressed-tensors
+unpacks them on the first forward. ``dtype=`` unpacks them into float weights on load instead
+(the compressor's ``decompress``), and the model stays a plain float model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import QuantizationError
+from .schemes import COMPRESSED_TENSORS, PACK_QUANTIZED, Checked
+
+log = logging.getLogger(__name__)
+PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+
+
+def packed_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The submodules compressed-tensors quantized (they carry its ``quantization_scheme``)."""
+    return [(p, m) for p, m in module.named_modules()
+            if type(getattr(m, "quantization_scheme", None)).__module__.startswith(
+                "compressed_tensors.")]
+
+
+def flatten(module: nn.Module, state: Mapping[str, Any],
+            packed: list[tuple[str, nn.Module]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored state, the record's compressed-tensors fields) of a model with ``packed``
+    modules: its components as they are, a decompressed module packed again."""
+    import compressed_tensors
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    hf: Any = getattr(getattr(module, "config", None), "quantization_config", None)
+    config = json.loads(json.dumps(hf.to_dict(), default=str)) if hasattr(hf, "to_dict") else {}
+    groups = config.get("config_groups") or {}
+    if config.get("quant_method") != COMPRESSED_TENSORS or config.get("format") != PACK_QUANTIZED:
+        raise QuantizationError(
+            f"the model has compressed-tensors modules but its config's quantization_config is "
+            f"{config.get('quant_method')!r} format {config.get('format')!r}; only "
+            f"{PACK_QUANTIZED!r} is stored: load the checkpoint with transformers "
+            "(from_pretrained), or save it with format='pack-quantized'")
+    compressor = BaseCompressor.get_value_from_registry(PACK_QUANTIZED)
+    schemes = {n: QuantizationScheme.model_validate(g).model_dump() for n, g in groups.items()}
+    out = dict(state)
+    modules: dict[str, dict[str, Any]] = {}
+    for path, sub in packed:
+        scheme: Any = sub.quantization_scheme
+        dumped = scheme.model_dump()
+        group = next((n for n, s in schemes.items() if s["weights"] == dumped["weights"]
+                      and s["targets"] == dumped["targets"]), None)
+        if group is None or dumped.get("input_activations") is not None:
+            raise QuantizationError(
+                f"module {path!r} is quantized with a scheme none of the config's groups "
+                f"({sorted(groups)}) holds, or quantizes activations; push a model loaded "
+                "from one pack-quantized, weight-only checkpoint")
+        local = {k[len(path) + 1:]: out.pop(k) for k in list(out)
+                 if k.startswith(f"{path}.") and "." not in k[len(path) + 1:]}
+        if "weight_packed" not in local:  # decompressed by a forward: the library packs it again
+            local = dict(compressor.compress(local, scheme))
+        out.update({f"{path}.{k}": v.detach() for k, v in local.items()})
+        modules[path] = {"group": group, "shape": [int(n) for n in local["weight_shape"]]}
+    float_params = sum(math.prod(m["shape"]) for m in modules.values()) + sum(
+        p.numel() for name, p in {id(p): (n, p) for n, p in module.named_parameters()}.values()
+        if name.rpartition(".")[0] not in modules or name.rpartition(".")[2] not in
+        (*PARTS, "weight"))
+    sizes = sorted({g["weights"]["group_size"] for n, g in groups.items()
+                    if n in {m["group"] for m in modules.values()}
+                    and g["weights"].get("group_size")})
+    return out, {"library_version": compressed_tensors.__version__, "config": config,
+                 "modules": modules, "group_sizes": sizes, "float_params": float_params}
+
+
+def signature(state: Mapping[str, Any], modules: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The float model's keys and shapes: each packed module's components make its weight."""
+    parts = {f"{p}.{c}" for p in modules for c in PARTS}
+    out = {k: tuple(v.shape) for k, v in state.items()
+           if isinstance(v, torch.Tensor) and k not in parts}
+    out.update({f"{p}.weight": tuple(m["shape"]) for p, m in modules.items()})
+    return out
+
+
+class Packed(Checked):
+    """A compressed-tensors version's checked record: which stored components make up each
+    packed module's weight, and the module rebuilt with them."""
+
+    def _components(self, path: str) -> set[str]:
+        return {f"{path}.{c}" for c in PARTS}
+
+    def module_keys(self, stored: Iterable[str]) -> set[str]:
+        """The float model's keys: each packed module's components fill its ``weight``."""
+        keys = set(stored)
+        for path in self.record["modules"]:
+            keys = (keys - self._components(path)) | {f"{path}.weight"}
+        return keys
+
+    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in specs.items() if k in self.module_keys(specs)}
+        out.update({f"{p}.weight": {"shape": m["shape"]}
+                    for p, m in self.record["modules"].items()})
+        return out
+
+    def _owners(self) -> dict[str, str]:
+        return {c: f"{p}.weight" for p in self.record["modules"] for c in self._components(p)}
+
+    def _schemes(self) -> dict[str, Any]:
+        from compressed_tensors.quantization import QuantizationScheme
+
+        return {n: QuantizationScheme.model_validate(g)
+                for n, g in self.record["config"]["config_groups"].items()}
+
+    def _checked(self, state: Mapping[str, Any]) -> None:
+        """Each module's components have the shapes its group's config gives its weight."""
+        groups = self.record["config"]["config_groups"]
+        for path, m in self.record["modules"].items():
+            w = groups[m["group"]]["weights"]
+            rows, cols = m["shape"]
+            per_row = -(-cols // w["group_size"]) if w["strategy"] == "group" else 1
+            want = {"weight_packed": [rows, -(-cols * w["num_bits"] // 32)],
+                    "weight_scale": [rows, per_row], "weight_shape": [2]}
+            got = {c: list(state[f"{path}.{c}"].shape) for c in want if f"{path}.{c}" in state}
+            shape = state.get(f"{path}.weight_shape")
+            if got != want or shape is None or shape.tolist() != m["shape"]:
+                raise QuantizationError(
+                    f"{self.origin}: the packed tensors of {path!r} ({got}) disagree with its "
+                    f"quantization config (int{w['num_bits']} {w['strategy']} of a "
+                    f"{rows}x{cols} weight needs {want}); push the model again")
+
+    def rebuild(self, module: nn.Module, state: dict[str, Any],
+                dequantize: torch.dtype | None) -> dict[str, Any]:
+        """The stored components, ``module`` given compressed-tensors' packed layout for them;
+        float weights in the float module when ``dequantize``."""
+        if dequantize is not None:
+            return self.state_dict(state, dequantize)
+        self._checked(state)
+        from compressed_tensors.compressors import ModelCompressor
+        from compressed_tensors.quantization import apply_quantization_config
+        from transformers.utils.quantization_config import CompressedTensorsConfig
+
+        hf = CompressedTensorsConfig.from_dict(dict(self.record["config"]))
+        compressor = ModelCompressor.from_compression_config(hf)
+        apply_quantization_config(module, compressor.quantization_config.model_copy(deep=True),
+                                  run_compressed=False)
+        found = {p for p, _ in packed_modules(module)}
+        if found != set(self.record["modules"]):
+            raise QuantizationError(
+                f"{self.origin}: its quantization config quantizes {sorted(found)[:3]} in this "
+                f"model, not the packed modules {sorted(self.record['modules'])[:3]}; pull with "
+                "the model it was pushed from")
+        compressor.compress_model(module)
+        config: Any = getattr(module, "config", None)
+        if config is not None:  # save_pretrained writes it back
+            config.quantization_config = hf
+        return state
+
+    def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
+        """The packed components as a compressed model's own ``state_dict()`` holds them, or,
+        when ``dequantize``, the float weights the compressor unpacks (other floats cast)."""
+        self._checked(state)
+        if dequantize is None:
+            return state
+        from compressed_tensors.compressors import BaseCompressor
+
+        log.info("%s: dequantizing %s to %s on load, as dtype=%r asked", self.origin, self.name,
+                 str(dequantize).removeprefix("torch."), str(dequantize).removeprefix("torch."))
+        compressor = BaseCompressor.get_value_from_registry(PACK_QUANTIZED)
+        schemes = self._schemes()
+        out = {k: (v.to(dequantize) if isinstance(v, torch.Tensor) and v.is_floating_point()
+                   else v) for k, v in state.items()}
+        for path, m in self.record["modules"].items():
+            local = {c: state[f"{path}.{c}"] for c in PARTS if f"{path}.{c}" in state}
+            for c in local:
+                del out[f"{path}.{c}"]
+            weight = compressor.decompress(local, schemes[m["group"]])["weight"]
+            out[f"{path}.weight"] = weight.to(dequantize)
+        return out
