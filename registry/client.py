@@ -24,6 +24,7 @@ from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
 from .factories import warn_if_unpullable
+from .idempotency import check_key
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .oci import door as oci_door
@@ -74,6 +75,7 @@ class Registry(SignedVersions):
         files: Mapping[str, str | os.PathLike[str]] | None = None,
         base: str | Ref | None = None,
         sign_key: str | os.PathLike[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -91,11 +93,14 @@ class Registry(SignedVersions):
         A PEFT model stores its LoRA adapter alone, over ``base`` (default: the stored version
         holding its base weights).
         ``sign_key`` (an EC private key, PEM) signs the new version (see :meth:`sign`).
+        ``idempotency_key`` names this push (default: a fresh one): the same push again with
+        it, after an unknown outcome, returns the version it made instead of a second one.
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
+        push_key = None if idempotency_key is None else check_key(idempotency_key)
         architecture: dict[str, Any] = {}
         if factory is not None:
             architecture["factory"] = warn_if_unpullable(factory_string(factory),
@@ -144,7 +149,7 @@ class Registry(SignedVersions):
                     [s for s in staged if s.file.role == "file"]))
             with self._signing_commit(sign_key):
                 result = self._backend.push(target, claim, staged, draft.for_version,
-                                            tag_map, alias_list)
+                                            tag_map, alias_list, idempotency_key=push_key)
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
