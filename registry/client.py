@@ -195,7 +195,7 @@ class Registry(SignedVersions):
         record = pipeline.resolve(self._backend, self.settings, ref)
         return self._signed_directory(record, dtype, write_pretrained(
             record.manifest, self._backend.blob_path, dest_dir, dtype,
-            f"{record.name}:v{record.version}"))
+            f"{record.name}:v{record.version}", open_blob=self._backend.open_blob))
 
     def pull_state_dict(
         self,

@@ -131,3 +131,38 @@ def test_the_server_answers_a_blob_that_is_a_link_to_dev_zero(server: Service) -
     finally:
         blob.unlink()
         blob.write_bytes(data)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float16"])
+def test_save_pretrained_writes_the_blob_it_verified_not_one_put_at_its_path_after(
+        reg: registry.Registry, work: Path, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """Its shards were copied (``dtype="auto"``) or cast from the blob's path opened again
+    after the check: a file put there meanwhile was written out as the version's weights."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    model: Any = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16))
+    model.save_pretrained(work / "src")
+    mv = reg.push(work / "src", "gpt2")
+    for memo in (reg.settings.cache_dir / "verified").iterdir():
+        memo.unlink()  # the save hashes the blob
+    blob = _blob(reg, mv)
+    stored = load_file(blob)
+    real = cache.sha256_file
+
+    def hash_then_swap(source: Any) -> str:
+        digest = real(source)
+        _swap(blob, stored)
+        return digest
+
+    monkeypatch.setattr(cache, "sha256_file", hash_then_swap)
+    fresh = registry.Registry(home=reg.settings.home)
+    out = fresh.save_pretrained(mv.ref, work / "dest", dtype=dtype)
+    monkeypatch.setattr(cache, "sha256_file", real)
+    fresh.close()
+    written = load_file(out / "model.safetensors")
+    assert written.keys() == stored.keys()
+    for key, value in stored.items():
+        expected = value.half() if dtype == "float16" and value.is_floating_point() else value
+        assert torch.equal(written[key], expected), f"{key}: the swapped file was written"
