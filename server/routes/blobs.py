@@ -21,6 +21,7 @@ from registry.errors import DigestMismatchError, UnexpectedUploadError
 from registry.files import VersionFile
 from registry.wire import API
 
+from ..blobfile import OpenFileResponse
 from ..dependencies import Backend, read, write
 
 router = APIRouter(prefix=API)
@@ -49,16 +50,17 @@ def blob_link(digest: str, local: Backend, _caller: str = read) -> dict[str, Any
 
 @router.api_route("/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
                   response_class=FileResponse)
-def download_blob(digest: str, local: Backend, _caller: str = read) -> Response:
+def download_blob(digest: str, request: Request, local: Backend,
+                  _caller: str = read) -> Response:
     digest = check_digest(digest)
     size = local.stored_size(digest)
     url = local.blob_url(digest, "GET")
     if url is not None:
         return RedirectResponse(url, status_code=307)
-    # blob_path verifies the bytes (memoized) before a single one is served.
-    path = local.blob_path(digest, size)
-    return FileResponse(path, media_type="application/octet-stream",
-                        headers={"Cache-Control": "public, max-age=31536000, immutable"})
+    # open_blob verifies the bytes (memoized) on the open file that is then served.
+    return OpenFileResponse(local.open_blob(digest, size), size,
+                            range_header=request.headers.get("range"),
+                            headers={"Cache-Control": "public, max-age=31536000, immutable"})
 
 
 def upload_target(local: LocalBackend, f: VersionFile) -> dict[str, Any]:
