@@ -362,7 +362,7 @@ class LocalBackend:
 
         def download(tmp: Path) -> str:
             with transfer(size, f"pull {digest[7:19]}") as progress:
-                return self.store.get_to_file(key, tmp, progress=progress)
+                return self.store.get_to_file(key, tmp, progress=progress, size=size)
 
         return self.cache.open(digest, download, size)
 
