@@ -309,7 +309,7 @@ class LocalBackend:
              aliases: Iterable[str], *, idempotency_key: str | None = None) -> PushResult:
         """Reserve a number, upload what the store lacks, make the version visible, then
         write its manifest (:meth:`commit_push`); a push retried with its idempotency key
-        after its commit returns that version (registry/idempotency.py)."""
+        after its commit returns that version (catalog/pushes.py)."""
         files = [s.file for s in staged]
         aliases, deferred, done = list(aliases), list[str](), list[VersionRecord]()
         number, missing = self.begin_push(name, version, files, key=idempotency_key,

@@ -24,7 +24,6 @@ from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
 from .factories import warn_if_unpullable
-from .idempotency import check_key
 from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .oci import door as oci_door
@@ -39,6 +38,7 @@ from .refs import (
     push_name_and_tags,
     validate_aliases,
     validate_name,
+    validate_push_key,
     validate_tags,
 )
 from .settings import parse_size
@@ -100,7 +100,7 @@ class Registry(SignedVersions):
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
-        push_key = None if idempotency_key is None else check_key(idempotency_key)
+        push_key = None if idempotency_key is None else validate_push_key(idempotency_key)
         architecture: dict[str, Any] = {}
         if factory is not None:
             architecture["factory"] = warn_if_unpullable(factory_string(factory),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -26,8 +27,6 @@ from .errors import RegistryError, ServerUnavailableError, SettingsError, quoted
 from .exports.remote import RemoteExports
 from .files import StagedFile
 from .gc import GcReport
-from .idempotency import HEADER as IDEMPOTENCY
-from .idempotency import new_key
 from .parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref, validate_name
 from .signing.remote import RemoteSignatures
@@ -41,7 +40,7 @@ from .validate import (
     strict_int,
     version_number,
 )
-from .wire import record_from_wire
+from .wire import IDEMPOTENCY_HEADER, record_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +92,10 @@ class RemoteBackend:
              aliases: Iterable[str], *, idempotency_key: str | None = None) -> PushResult:
         """Begin (reserve a number, learn which files the server lacks), upload those side by
         side, then commit; every request carries the push's idempotency key, so a push begun
-        again with it gets the version it made (registry/idempotency.py)."""
-        files, key = [s.file for s in staged], idempotency_key or new_key()
+        again with it gets the version it made (catalog/pushes.py)."""
+        files, key = [s.file for s in staged], idempotency_key or secrets.token_hex(16)
         begun = self.transport.call("POST", f"/models/{segment(name)}/pushes",
-                                    headers={IDEMPOTENCY: key},
+                                    headers={IDEMPOTENCY_HEADER: key},
                                     json={"version": version,
                                           "files": [f.to_row() for f in files]})
         number = answer_field(begun, "push answer", "version", version_number)
@@ -130,7 +129,8 @@ class RemoteBackend:
         path = f"/models/{segment(name)}/pushes/{number}/commit"
         for pause in (*_COMMIT_RETRY_PAUSES, None):
             try:
-                return self.transport.call("POST", path, json=body, headers={IDEMPOTENCY: key})
+                return self.transport.call("POST", path, json=body,
+                                           headers={IDEMPOTENCY_HEADER: key})
             except ServerUnavailableError as exc:
                 if pause is None:
                     raise ServerUnavailableError(

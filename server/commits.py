@@ -12,12 +12,12 @@ from registry.catalog.pushes import Reservation
 from registry.catalog.records import VersionRecord
 from registry.errors import ManifestError, RegistryError
 from registry.files import version_files
-from registry.idempotency import check_key
+from registry.refs import validate_push_key
 
 
 def push_key(header: str | None) -> str | None:
     """The push's idempotency key from its ``Idempotency-Key`` header (None without one)."""
-    return None if header is None else check_key(header)
+    return None if header is None else validate_push_key(header)
 
 
 def repeated_commit(local: LocalBackend, name: str, number: int, manifest: dict[str, Any],

@@ -1,5 +1,5 @@
 """Pushes in progress and the pushes their idempotency keys name (mixed into
-:class:`registry.catalog.repository.Catalog`; the key itself: :mod:`registry.idempotency`).
+:class:`registry.catalog.repository.Catalog`).
 
 A reservation (a ``pending`` version row, held by its lease: catalog/leases.py) lists the blobs
 the push will own, which a server accepts uploads of and checks the commit against. It records
@@ -9,6 +9,11 @@ already committed, provided it lists the very same files (and claims the same nu
 claims one); anything else is :class:`PushKeyConflictError`, as is the key of a version deleted
 since. These run in the begin's transaction, under the model's row lock, so two begins with one
 key cannot both reserve.
+
+The key comes from the client: one per ``push()`` call (or the caller's ``idempotency_key``),
+sent with the begin and every try of the commit as the ``Idempotency-Key`` header (a header, so
+servers and clients that know nothing of keys keep working: ``registry.wire``). Versions pushed
+without one, or restored by ``db rebuild``, have none.
 """
 
 from __future__ import annotations

@@ -27,10 +27,9 @@ from registry.files import (
     check_file_name,
     check_push_files,
 )
-from registry.idempotency import HEADER as IDEMPOTENCY
 from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
 from registry.validate import MAX_BLOB_BYTES
-from registry.wire import API, record_to_wire
+from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire
 
 from ..boundary import Body
 from ..commits import checked_manifest, push_key, repeated_commit
@@ -65,11 +64,11 @@ class PushCommit(Body):
 
 @router.post("/models/{name}/pushes", tags=["push"])
 def begin_push(name: str, body: PushBegin, local: Backend, caller: str = write,
-               key: str | None = Header(None, alias=IDEMPOTENCY)) -> dict[str, Any]:
+               key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name = validate_name(name)
     claim = None if body.version is None else validate_version(body.version)
     files = check_push_files([_version_file(f) for f in body.files])
-    done: list[Any] = []  # this push, retried after its commit (registry/idempotency.py)
+    done: list[Any] = []  # this push, retried after its commit (catalog/pushes.py)
     number, missing = local.begin_push(name, claim, files, key=push_key(key), committed=done)
     if done:
         return {"version": number, "uploads": [], "committed": record_to_wire(done[0])}
@@ -81,7 +80,7 @@ def begin_push(name: str, body: PushBegin, local: Backend, caller: str = write,
 @router.post("/models/{name}/pushes/{version}/commit", tags=["push"])
 def commit_push(name: str, version: str, body: PushCommit, local: Backend, signing: Signing,
                 changed: Changed, caller: str = write,
-                key: str | None = Header(None, alias=IDEMPOTENCY)) -> dict[str, Any]:
+                key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
     tags = cast(dict[str, str], validate_tags(body.tags))
     aliases = validate_aliases(body.aliases)
