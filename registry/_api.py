@@ -49,14 +49,17 @@ def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
          shard_size: int | str | None = None,
          files: Mapping[str, str | os.PathLike[str]] | None = None,
          base: str | Ref | None = None,
-         sign_key: str | os.PathLike[str] | None = None) -> ModelVersion:
+         sign_key: str | os.PathLike[str] | None = None,
+         idempotency_key: str | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
     the tags: ``push(model, {"dataset": "imagenet"})``; a PEFT model is stored as an adapter
-    over ``base``; ``sign_key`` signs it); see :meth:`Registry.push`."""
+    over ``base``; ``sign_key`` signs it; ``idempotency_key`` makes a retry safe); see
+    :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                   files=files, base=base, sign_key=sign_key)
+                                   files=files, base=base, sign_key=sign_key,
+                                   idempotency_key=idempotency_key)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",

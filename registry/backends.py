@@ -42,7 +42,8 @@ from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
 
 if TYPE_CHECKING:
-    from .catalog.repository import Catalog, Reservation
+    from .catalog.pushes import Reservation
+    from .catalog.repository import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Backend(Protocol):
 
     def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
-             aliases: Iterable[str]) -> PushResult: ...
+             aliases: Iterable[str], *, idempotency_key: str | None = None) -> PushResult: ...
 
     def resolve(self, ref: Ref) -> VersionRecord: ...
 
@@ -162,19 +163,24 @@ class LocalBackend:
         return known_shards(self.resolve, name, self.verified,
                             lambda d: self.store.open_local(mf.blob_key(d)), self.cache.path)
 
-    def begin_push(self, name: str, version: int | None,
-                   files: Sequence[VersionFile]) -> tuple[int, list[VersionFile]]:
+    def begin_push(self, name: str, version: int | None, files: Sequence[VersionFile], *,
+                   key: str | None = None, committed: list[VersionRecord] | None = None,
+                   ) -> tuple[int, list[VersionFile]]:
         """Reserve a version number for a push of ``files``; the version stays invisible.
 
         Returns the number and the files the store still lacks (one entry per distinct blob).
-        """
+        The push with idempotency ``key`` retried gets its number again; once committed, its
+        record is added to (an empty) ``committed`` and nothing is to upload."""
         unique = unique_by_digest(files)
         # Ask the store first: a missing bucket or a dead endpoint then fails the push before it
         # spends a version number. That answer is not trusted for dedup: gc may run in between,
         # and gc keeps only blobs that a reservation or a version references.
         self.store.has(mf.blob_key(unique[0].digest))
         number = self.catalog.reserve(name, version, weights_digest(files), total_size(
-            [f for f in files if f.role == "weights"]), files, lease=self.lease)
+            [f for f in files if f.role == "weights"]), files, lease=self.lease, key=key,
+            committed=committed)
+        if committed:
+            return number, []
         held = concurrently(lambda f: self._holds(mf.blob_key(f.digest), f.digest, f.size),
                             unique)
         return number, [f for f, ok in zip(unique, held, strict=True) if not ok]
@@ -204,12 +210,9 @@ class LocalBackend:
         """Make the reserved version visible with its tags and aliases, then write its
         manifest (and the alias table) to the store.
 
-        The order is the guarantee (README, "Storage and guarantees"): the store gets a
-        manifest only once the catalog holds the version, so nothing a failed or losing
-        commit leaves behind needs deleting, and a commit never deletes what another wrote.
-        Once the catalog commit succeeded the push has succeeded: a store write that fails
-        after it is logged, remembered and written again by the next change of ``name`` or
-        by ``gc`` (registry/publish.py), never raised: their keys are added to ``owed``."""
+        The order is the guarantee (registry/publish.py): nothing a failed or losing commit
+        leaves behind needs deleting. Once the catalog commit succeeded the push has: a store
+        write that fails after it is owed and retried, never raised; its keys go to ``owed``."""
         origin = f"{name}:v{number}"
         mf.validate(manifest, origin=origin)
         files = version_files(manifest)
@@ -301,20 +304,18 @@ class LocalBackend:
         commit that won a race with this abort keeps everything it wrote."""
         self.catalog.abort(name, number)
 
-    def push(
-        self,
-        name: str,
-        version: int | None,
-        staged: Sequence[StagedFile],
-        manifest_for: Callable[[int], dict[str, Any]],
-        tags: dict[str, str],
-        aliases: Iterable[str],
-    ) -> PushResult:
+    def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
+             manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
+             aliases: Iterable[str], *, idempotency_key: str | None = None) -> PushResult:
         """Reserve a number, upload what the store lacks, make the version visible, then
-        write its manifest (:meth:`commit_push`)."""
+        write its manifest (:meth:`commit_push`); a push retried with its idempotency key
+        after its commit returns that version (catalog/pushes.py)."""
         files = [s.file for s in staged]
-        aliases, deferred = list(aliases), list[str]()
-        number, missing = self.begin_push(name, version, files)
+        aliases, deferred, done = list(aliases), list[str](), list[VersionRecord]()
+        number, missing = self.begin_push(name, version, files, key=idempotency_key,
+                                          committed=done)
+        if done:
+            return PushResult(done[0], files, [])
         try:
             by_digest = {s.digest: s for s in staged}
             def upload(f: VersionFile) -> None:  # each a sign of life: the lease holds
@@ -361,7 +362,7 @@ class LocalBackend:
 
         def download(tmp: Path) -> str:
             with transfer(size, f"pull {digest[7:19]}") as progress:
-                return self.store.get_to_file(key, tmp, progress=progress)
+                return self.store.get_to_file(key, tmp, progress=progress, size=size)
 
         return self.cache.open(digest, download, size)
 

@@ -38,6 +38,7 @@ from .refs import (
     push_name_and_tags,
     validate_aliases,
     validate_name,
+    validate_push_key,
     validate_tags,
 )
 from .settings import parse_size
@@ -74,6 +75,7 @@ class Registry(SignedVersions):
         files: Mapping[str, str | os.PathLike[str]] | None = None,
         base: str | Ref | None = None,
         sign_key: str | os.PathLike[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -91,11 +93,14 @@ class Registry(SignedVersions):
         A PEFT model stores its LoRA adapter alone, over ``base`` (default: the stored version
         holding its base weights).
         ``sign_key`` (an EC private key, PEM) signs the new version (see :meth:`sign`).
+        ``idempotency_key`` names this push (default: a fresh one): the same push again with
+        it, after an unknown outcome, returns the version it made instead of a second one.
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
         alias_list = validate_aliases(aliases)
         tag_map = cast(dict[str, str], validate_tags(tags))
+        push_key = None if idempotency_key is None else validate_push_key(idempotency_key)
         architecture: dict[str, Any] = {}
         if factory is not None:
             architecture["factory"] = warn_if_unpullable(factory_string(factory),
@@ -144,7 +149,7 @@ class Registry(SignedVersions):
                     [s for s in staged if s.file.role == "file"]))
             with self._signing_commit(sign_key):
                 result = self._backend.push(target, claim, staged, draft.for_version,
-                                            tag_map, alias_list)
+                                            tag_map, alias_list, idempotency_key=push_key)
         finally:
             for s in staged:
                 s.path.unlink(missing_ok=True)
@@ -190,7 +195,7 @@ class Registry(SignedVersions):
         record = pipeline.resolve(self._backend, self.settings, ref)
         return self._signed_directory(record, dtype, write_pretrained(
             record.manifest, self._backend.blob_path, dest_dir, dtype,
-            f"{record.name}:v{record.version}"))
+            f"{record.name}:v{record.version}", open_blob=self._backend.open_blob))
 
     def pull_state_dict(
         self,

@@ -57,16 +57,19 @@ def verify_blob(store: ObjectStore, digest: str, size: int, scratch: Path) -> No
             pass
     fd, name = tempfile.mkstemp(dir=scratch, prefix=".check-")
     os.close(fd)
-    try:
-        actual = store.get_to_file(key, Path(name))
+    try:  # never more than the reserved size is read: another size is refused unread
+        actual: str | None = store.get_to_file(key, Path(name), size=size)
         stored = os.path.getsize(name)
+    except DigestMismatchError:
+        actual, stored = None, store.has(key) or 0
     finally:
         Path(name).unlink(missing_ok=True)
     if actual != digest or stored != size or cast(Presigning, store).etag(key) != etag:
         for stale in (key, marker):
             with contextlib.suppress(NotFoundError):
                 store.delete(stale)
+        hashing = f" hashing to {actual}" if actual else f" (its push reserved {size})"
         raise DigestMismatchError(
-            f"blob {digest} in the store holds {stored} bytes hashing to {actual}, not the bytes "
-            "its digest names (an upload sent other bytes); it was deleted: retry the push")
+            f"blob {digest} in the store holds {stored} bytes{hashing}, not the bytes its "
+            "digest names (an upload sent other bytes); it was deleted: retry the push")
     store.put_bytes(marker, json.dumps(seen).encode())

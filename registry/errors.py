@@ -90,6 +90,13 @@ class VersionExistsError(RegistryError):
     exit_code = 4
 
 
+class PushKeyConflictError(VersionExistsError):
+    """A push's idempotency key reused for another push (other files, another claimed version,
+    or a version deleted since): the key names one push only."""
+
+    code = "push_key_conflict"
+
+
 class VersionAliasedError(RegistryError):
     """Deleting a version that aliases point at without ``force=True``: every consumer of the
     alias would get NotFoundError. The message names the aliases and the fix."""

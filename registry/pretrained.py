@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -63,8 +63,10 @@ def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, A
 
 def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
-                     origin: str) -> Path:
-    """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``."""
+                     origin: str, *, open_blob: Callable[[str, int], BinaryIO]) -> Path:
+    """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``. Each
+    shard is copied or cast from the very file ``open_blob`` verified (``Backend.open_blob``),
+    never from its path opened again."""
     if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
         return adapters.write_pretrained(manifest, blob_path, dest_dir, origin)
     config = transformers_config(manifest, origin)
@@ -94,7 +96,7 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
         return torch.float32 if any(p in f".{key}" for p in keep) else requested
 
     for shard in shards:
-        _write_shard(root / shard.name, shard, blob_path, specs, dtype_of, requested, origin,
+        _write_shard(root / shard.name, shard, open_blob, specs, dtype_of, requested, origin,
                      file_metadata)
     if quant_config is not None:
         config["quantization_config"] = quant_config
@@ -185,17 +187,17 @@ def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
     return dict(hf), metadata
 
 
-def _write_shard(target: Path, shard: VersionFile, blob_path: Callable[[str, int], Path],
+def _write_shard(target: Path, shard: VersionFile, open_blob: Callable[[str, int], BinaryIO],
                  specs: Mapping[str, Any], dtype_of: Callable[[str, torch.dtype], torch.dtype],
                  requested: torch.dtype | None, origin: str,
                  metadata: Mapping[str, str] | None = None) -> None:
-    source = blob_path(shard.digest, shard.size)
-    if requested is None and metadata is None:  # the stored shard is the file transformers reads
-        attachments.write_file(target, source)
-        return
-    tensors = load_shard(source, {k: specs[k] for k in shard.tensors},
-                         lambda _k: torch.device("cpu"),
-                         lambda k, stored, _d: dtype_of(k, stored), origin=origin)
+    with open_blob(shard.digest, shard.size) as source:
+        if requested is None and metadata is None:  # the stored shard is what transformers reads
+            safewrite.copy_open(target, source)
+            return
+        tensors = load_shard(source, {k: specs[k] for k in shard.tensors},
+                             lambda _k: torch.device("cpu"),
+                             lambda k, stored, _d: dtype_of(k, stored), origin=origin)
     with safewrite.replacing(target) as fh:
         write_safetensors({k: t.contiguous() for k, t in tensors.items()}, fh, metadata)
 

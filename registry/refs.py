@@ -241,3 +241,16 @@ def parse_push_target(text: object) -> tuple[str, int | None]:
         raise RefError(f"cannot push to {text!r}: 'latest' is assigned, not claimed; push to "
                        f"{ref.name!r}")
     return ref.name, ref.version
+
+
+_PUSH_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def validate_push_key(key: object) -> str:
+    """``key`` if it is a usable idempotency key of a push (1 to 64 letters, digits and
+    ``._:-``; the catalog's ``push_key`` column, catalog/pushes.py), else :class:`RefError`."""
+    if not isinstance(key, str) or not _PUSH_KEY.fullmatch(key):
+        raise RefError(f"invalid idempotency key {quoted(key)}: use 1 to 64 letters, digits and "
+                       "'.', '_', ':', '-', starting with a letter or digit (a fresh one per "
+                       "push, e.g. a UUID)")
+    return key

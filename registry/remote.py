@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ from .validate import (
     strict_int,
     version_number,
 )
-from .wire import record_from_wire
+from .wire import IDEMPOTENCY_HEADER, record_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,18 @@ class RemoteBackend:
 
     def push(self, name: str, version: int | None, staged: Sequence[StagedFile],
              manifest_for: Callable[[int], dict[str, Any]], tags: dict[str, str],
-             aliases: Iterable[str]) -> PushResult:
+             aliases: Iterable[str], *, idempotency_key: str | None = None) -> PushResult:
         """Begin (reserve a number, learn which files the server lacks), upload those side by
-        side, then commit."""
-        files = [s.file for s in staged]
+        side, then commit; every request carries the push's idempotency key, so a push begun
+        again with it gets the version it made (catalog/pushes.py)."""
+        files, key = [s.file for s in staged], idempotency_key or secrets.token_hex(16)
         begun = self.transport.call("POST", f"/models/{segment(name)}/pushes",
+                                    headers={IDEMPOTENCY_HEADER: key},
                                     json={"version": version,
                                           "files": [f.to_row() for f in files]})
         number = answer_field(begun, "push answer", "version", version_number)
+        if begun.get("committed") is not None:  # this push, committed already
+            return PushResult(record_from_wire(begun["committed"]), files, [])
         by_digest = {s.digest: s for s in staged}
         try:
             uploads = [(target, by_digest[digest]) for target, digest in
@@ -107,7 +112,7 @@ class RemoteBackend:
             manifest = manifest_for(number)
             record = record_from_wire(self._commit(name, number, {
                 "manifest": manifest, "tags": tags, "aliases": list(aliases),
-                **self.signatures.commit_fields(manifest)}))
+                **self.signatures.commit_fields(manifest)}, key))
         except BaseException:
             with contextlib.suppress(Exception):
                 self.transport.call("DELETE", f"/models/{segment(name)}/pushes/{number}")
@@ -116,20 +121,22 @@ class RemoteBackend:
             self.transport.keep_in_cache(s.path, s.digest)
         return PushResult(record, files, [s.file for _, s in uploads])
 
-    def _commit(self, name: str, number: int, body: dict[str, Any]) -> Any:
+    def _commit(self, name: str, number: int, body: dict[str, Any], key: str) -> Any:
         """POST the commit, again with the same body while the server cannot be reached: a
         commit is idempotent (the server answers a repeat of one that went through with its
         version), so a lost answer never turns a committed push into a failure or a
-        duplicate."""
+        duplicate; past the retries, the same push again with ``key`` is safe too."""
         path = f"/models/{segment(name)}/pushes/{number}/commit"
         for pause in (*_COMMIT_RETRY_PAUSES, None):
             try:
-                return self.transport.call("POST", path, json=body)
+                return self.transport.call("POST", path, json=body,
+                                           headers={IDEMPOTENCY_HEADER: key})
             except ServerUnavailableError as exc:
                 if pause is None:
                     raise ServerUnavailableError(
                         f"{exc}; the commit of {name}:v{number} may have gone through: "
-                        f"`registry show {name}:v{number}` says") from None
+                        f"`registry show {name}:v{number}` says, and the same push again with "
+                        f"idempotency_key={key!r} answers it without a duplicate") from None
                 log.warning("commit of %s:v%d: %s; trying again in %.1fs", name, number, exc,
                             pause)
                 time.sleep(pause)

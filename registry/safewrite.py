@@ -114,12 +114,21 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 def copy_file(target: Path, source: Path) -> Path:
     """Replace ``target`` with a copy of ``source`` (see :func:`replacing`)."""
-    with replacing(target) as fh, open(source, "rb", buffering=0) as src:
+    with open(source, "rb", buffering=0) as src:
+        return copy_open(target, src)
+
+
+def copy_open(target: Path, src: BinaryIO) -> Path:
+    """Replace ``target`` with a copy of the open file ``src``, from its first byte: the very
+    file that was verified (``Backend.open_blob``), never its path opened again."""
+    fd, done = src.fileno(), 0
+    with replacing(target) as fh:
         with contextlib.suppress(AttributeError, OSError):  # in-kernel copy where there is one
-            while os.copy_file_range(src.fileno(), fh.fileno(), 1 << 30):
-                pass
-        # Both offsets advanced by what was copied: the rest (all of it without
+            while copied := os.copy_file_range(fd, fh.fileno(), 1 << 30, offset_src=done):
+                done += copied
+        # The target's offset advanced by what was copied: the rest (all of it without
         # copy_file_range) continues from there.
-        while chunk := src.read(1 << 20):
+        while chunk := os.pread(fd, 1 << 20, done):
             _write_all(fh.fileno(), memoryview(chunk))
+            done += len(chunk)
     return target

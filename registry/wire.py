@@ -32,6 +32,9 @@ from .errors import (
 from .validate import answer_record
 
 API = "/api/v1"
+# The header of a push's begin and commit that names the push (catalog/pushes.py): a begin with
+# a key the model holds answers that push's version instead of reserving another.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 # A version's exports: GET lists their records, POST registers one (server/exports.py).
 EXPORTS_ROUTE = "/models/{name}/versions/{version}/exports"
 

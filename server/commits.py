@@ -8,15 +8,26 @@ from typing import Any
 
 from registry import manifest as mf
 from registry.backends import LocalBackend
+from registry.catalog.pushes import Reservation
 from registry.catalog.records import VersionRecord
-from registry.catalog.repository import Reservation
 from registry.errors import ManifestError, RegistryError
 from registry.files import version_files
+from registry.refs import validate_push_key
+
+
+def push_key(header: str | None) -> str | None:
+    """The push's idempotency key from its ``Idempotency-Key`` header (None without one)."""
+    return None if header is None else validate_push_key(header)
 
 
 def repeated_commit(local: LocalBackend, name: str, number: int, manifest: dict[str, Any],
-                     tags: dict[str, str]) -> VersionRecord | None:
-    """The version a commit of exactly this manifest made visible, or None."""
+                    tags: dict[str, str], key: str | None = None) -> VersionRecord | None:
+    """The version a commit of exactly this manifest, or of the push with idempotency ``key``,
+    made visible as ``name:vN``, or None."""
+    if key is not None:
+        done = local.catalog.keyed_version(name, key)
+        if done is not None and done.version == number:
+            return done
     try:
         checked = mf.validate(manifest, origin=f"manifest of {name}:v{number}")
     except RegistryError:

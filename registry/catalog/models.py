@@ -48,6 +48,7 @@ class VersionRow(Base):
         Index("ix_registry_versions_digest", "digest"),
         Index("ix_registry_versions_state", "state"),
         Index("ix_registry_versions_model_digest", "model_id", "digest", "version"),
+        Index("ix_registry_versions_push_key", "model_id", "push_key", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -65,6 +66,8 @@ class VersionRow(Base):
     # What the MLflow mirror last wrote for this version (a fingerprint of its visible state);
     # NULL means pending: never mirrored, or changed since (registry/mirror_mlflow.py).
     mlflow_synced: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The idempotency key of the push that reserved this version (catalog/pushes.py).
+    push_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AliasRow(Base):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -23,6 +22,7 @@ from .exports import ExportRows
 from .leases import Leases
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
+from .pushes import Pushes
 from .rebuild import add_version_files
 from .records import VersionRecord
 from .signatures import SignatureFiles
@@ -35,16 +35,7 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-@dataclass(frozen=True)
-class Reservation:
-    """A push in progress: the version's weights digest, total size, and every blob it owns."""
-
-    digest: str
-    size_bytes: int
-    files: list[VersionFile]
-
-
-class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
+class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pushes):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -89,12 +80,14 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
     # -- push -----------------------------------------------------------------------------
 
     def reserve(self, name: str, version: int | None, digest: str, size_bytes: int,
-                files: Sequence[VersionFile], *, lease: timedelta | None = None) -> int:
+                files: Sequence[VersionFile], *, lease: timedelta | None = None,
+                key: str | None = None, committed: list[VersionRecord] | None = None) -> int:
         """Allocate (or claim) a version number in one transaction; the row stays invisible.
 
         ``files`` are the blobs the version will own: recorded now, so gc keeps them while the
         push uploads and a server accepts uploads of exactly these. Reservations of this model
-        whose ``lease`` expired are released first."""
+        whose ``lease`` expired are released first. A push ``key`` the model holds returns
+        that push's number (its record added to ``committed`` once committed; catalog/pushes.py)."""
         # Checked here, before SQL, so that SQLite (64-bit integers) and PostgreSQL (a 32-bit
         # column that would raise DataError) refuse the same numbers with the same error.
         if version is not None and not 1 <= version <= MAX_VERSION:
@@ -105,6 +98,8 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
                     model = self._model_for_update(s, name)
                     if lease is not None:  # pushes of this model that died (catalog/leases.py)
                         self.release_expired(s, model.id, lease)
+                    if (keyed := self.keyed(s, model, key, files, version, committed)):
+                        return keyed  # this very push, retried
                     if version is None:
                         number = model.last_version + 1
                         if number > MAX_VERSION:
@@ -121,7 +116,7 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
                     model.last_version = max(model.last_version, number)
                     row = VersionRow(model_id=model.id, version=number, state=PENDING,
                                      digest=digest, size_bytes=size_bytes, tags="{}",
-                                     created_at=_now())
+                                     created_at=_now(), push_key=key)
                     s.add(row)
                     s.flush()
                     add_version_files(s, row.id, files)
@@ -346,21 +341,6 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows):
         """Replace the catalog's contents with what the store holds (``registry db rebuild``)."""
         with self.session() as s:
             return rebuild.restore(s, manifests, retired, aliases)
-
-    def reservation(self, name: str, version: int) -> Reservation | None:
-        """The push in progress for ``name:vN``, or None if there is none."""
-        with self.session() as s:
-            row = s.scalar(select(VersionRow)
-                           .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                           .where(ModelRow.name == name, VersionRow.version == version,
-                                  VersionRow.state == PENDING))
-            if row is None:
-                return None
-            files = s.scalars(select(VersionFileRow).where(VersionFileRow.version_id == row.id)
-                              .order_by(VersionFileRow.id)).all()
-            return Reservation(row.digest, int(row.size_bytes),
-                               [VersionFile(f.role, f.name, f.digest, int(f.size))  # type: ignore[arg-type]
-                                for f in files])
 
     def count_versions(self) -> int:
         with self.session() as s:

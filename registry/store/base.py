@@ -30,9 +30,11 @@ class ObjectStore(Protocol):
     def get_bytes(self, key: str) -> bytes:
         """The whole object; raises NotFoundError if it is missing."""
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None,
+                    size: int | None = None) -> str:
         """Download the object into ``path`` (a temporary file the caller owns); return the
-        ``sha256:<hex>`` of the bytes written, computed as they were written."""
+        ``sha256:<hex>`` of the bytes written, computed as they were written. With ``size``,
+        an object of another size is refused before it is read (registry/store/sizes.py)."""
 
     def open_local(self, key: str) -> Path | None:
         """A local path to read the object in place, for stores on this filesystem."""

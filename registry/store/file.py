@@ -14,6 +14,7 @@ from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, StoreUnavailableError
 from .base import Progress
 from .layout import BLOBS, STAGING
+from .sizes import check_size
 
 
 class FileStore:
@@ -91,10 +92,12 @@ class FileStore:
         except FileNotFoundError:
             raise NotFoundError(f"object {key!r} not found in store {self.url}") from None
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None,
+                    size: int | None = None) -> str:
         source = self._path(key)
         if not source.exists():
             raise NotFoundError(f"object {key!r} not found in store {self.url}")
+        check_size(size, lambda: source.stat().st_size, f"object {key!r} in store {self.url}")
         with open(source, "rb") as src, open(path, "wb") as dst, HashingWriter(dst) as out:
             while chunk := src.read(8 * 1024 * 1024):
                 out.write(chunk)

@@ -26,13 +26,13 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from .._progress import transfer
-from ..digests import HashingWriter
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from .base import Progress
 from .layout import BLOBS, touched_key
 from .retry import DEFAULT_RETRY_SECONDS, TRANSIENT_CODES, Backoff, T, Unreachable, retried
+from .sizes import BoundedWriter, known_size
 
 DEFAULT_REGION = "us-east-1"
 # Defaults: parts of 16 MiB, 8 in flight per object (REGISTRY_S3_PART_SIZE and
@@ -228,21 +228,22 @@ class S3Store:
                                               Range=f"bytes=0-{max(length, 1) - 1}")
             return bytes(response["Body"].read())[:length]
 
-    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None) -> str:
-        """Concurrent ranged GETs into ``path``, hashed as the bytes arrive; returns the digest.
-
-        The writer is not seekable, so s3transfer fetches parts concurrently but hands them to
-        it in order, which is what lets sha256 run alongside the download instead of after it.
-        """
+    def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None,
+                    size: int | None = None) -> str:
+        """Concurrent ranged GETs into ``path``, hashed as the bytes arrive (the writer is not
+        seekable, so s3transfer hands it the parts in order and sha256 runs alongside the
+        download); returns the digest. With ``size`` (the manifest's), another size is refused
+        before a byte is read, and no byte past it is asked for or taken (store/sizes.py)."""
         from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
 
-        full = self._key(key)
-        subscribers = [ProgressCallbackInvoker(progress)] if progress else None
+        full, what = self._key(key), f"object {key!r} in store {self.url} at {self.where}"
+        subscribers = ([ProgressCallbackInvoker(progress)] if progress else []) + known_size(
+            size, lambda: self.has(key), what)
 
         def download() -> str:  # each try starts the file again
             with open(path, "wb", buffering=0) as fh, self._mapped_errors(key), \
                     create_transfer_manager(self.client, self._transfer_config()) as manager, \
-                    HashingWriter(fh) as writer:
+                    BoundedWriter(fh, size, what) as writer:
                 manager.download(self.bucket, full, writer, subscribers=subscribers).result()
             return writer.digest()
         return self._retried(download)
@@ -431,7 +432,6 @@ class S3Store:
 
 class _Missing(Exception):
     """Internal: a key that is not there, for ``has``."""
-
 
 
 def _code(exc: Any) -> str:

@@ -1,5 +1,6 @@
 """Blob routes: the upload of a push's blob (streamed, hashed, placed only if it matches), and
-links and downloads of stored blobs (a presigned URL where the store gives one).
+links and downloads of stored blobs (a presigned URL where the store gives one, else the very
+file that was verified: :class:`OpenFileResponse`).
 
 :func:`upload_target` and :func:`receive_blob` are shared with the push and export routes.
 """
@@ -7,13 +8,17 @@ links and downloads of stored blobs (a presigned URL where the store gives one).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from registry.backends import LocalBackend
 from registry.digests import HashingWriter, check_digest
@@ -49,16 +54,17 @@ def blob_link(digest: str, local: Backend, _caller: str = read) -> dict[str, Any
 
 @router.api_route("/blobs/{digest}", methods=["GET", "HEAD"], tags=["blobs"],
                   response_class=FileResponse)
-def download_blob(digest: str, local: Backend, _caller: str = read) -> Response:
+def download_blob(digest: str, request: Request, local: Backend,
+                  _caller: str = read) -> Response:
     digest = check_digest(digest)
     size = local.stored_size(digest)
     url = local.blob_url(digest, "GET")
     if url is not None:
         return RedirectResponse(url, status_code=307)
-    # blob_path verifies the bytes (memoized) before a single one is served.
-    path = local.blob_path(digest, size)
-    return FileResponse(path, media_type="application/octet-stream",
-                        headers={"Cache-Control": "public, max-age=31536000, immutable"})
+    # open_blob verifies the bytes (memoized) on the open file that is then served.
+    return OpenFileResponse(local.open_blob(digest, size), size,
+                            range_header=request.headers.get("range"),
+                            headers={"Cache-Control": "public, max-age=31536000, immutable"})
 
 
 def upload_target(local: LocalBackend, f: VersionFile) -> dict[str, Any]:
@@ -98,3 +104,68 @@ async def receive_blob(local: LocalBackend, digest: str, request: Request,
         return {"digest": digest, "size": size}
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# -- a blob served from the very file that was verified ---------------------------------------
+# ``LocalBackend.open_blob`` checks the bytes on the file it returns; that open file is what is
+# sent, never its path opened again, so a file put at the blob's path after the check is not
+# what a client gets. One byte range (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) is answered 206
+# as a client resuming a download asks; several, or a header it cannot read, get the whole
+# file (a server may ignore a Range), and a range past the end 416.
+
+_CHUNK = 1 << 20
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The ``[start, end)`` a Range header asks of ``size`` bytes; None for the whole file;
+    ``(size, size)`` for a range that starts past the end (416)."""
+    found = _RANGE.fullmatch(header.strip()) if header else None
+    if found is None or found.group(1) == found.group(2) == "":
+        return None
+    first, last = found.groups()
+    if first == "":  # the last n bytes
+        return max(size - int(last), 0), size
+    start = int(first)
+    end = size if last == "" else min(int(last) + 1, size)
+    if start >= size:
+        return size, size
+    return (start, end) if start < end else None
+
+
+class OpenFileResponse(Response):
+    """Send the open file ``fh`` (at offset 0) of ``size`` bytes; it is closed at the end."""
+
+    def __init__(self, fh: BinaryIO, size: int, *, range_header: str | None,
+                 headers: Mapping[str, str] | None = None,
+                 media_type: str = "application/octet-stream") -> None:
+        self.fh = fh
+        span = byte_range(range_header, size)
+        self.start, self.end = span or (0, size)
+        status = 200 if span is None else 416 if self.start >= size else 206
+        super().__init__(status_code=status, headers=headers, media_type=media_type)
+        self.headers["accept-ranges"] = "bytes"
+        if status == 416:
+            self.start = self.end = 0
+            self.headers["content-range"] = f"bytes */{size}"
+        elif status == 206:
+            self.headers["content-range"] = f"bytes {self.start}-{self.end - 1}/{size}"
+        self.headers["content-length"] = str(self.end - self.start)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            position, fd = self.start, self.fh.fileno()
+            while scope.get("method") != "HEAD" and position < self.end:
+                chunk = await anyio.to_thread.run_sync(
+                    os.pread, fd, min(_CHUNK, self.end - position), position)
+                if not chunk:  # cannot happen to a verified blob; never hang on it
+                    break
+                position += len(chunk)
+                await send({"type": "http.response.body", "body": chunk,
+                            "more_body": position < self.end})
+            if scope.get("method") == "HEAD" or position < self.end or self.start == self.end:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.fh.close()

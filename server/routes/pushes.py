@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import Response
 from pydantic import Field
 
@@ -29,10 +29,10 @@ from registry.files import (
 )
 from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
 from registry.validate import MAX_BLOB_BYTES
-from registry.wire import API, record_to_wire
+from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire
 
 from ..boundary import Body
-from ..commits import checked_manifest, repeated_commit
+from ..commits import checked_manifest, push_key, repeated_commit
 from ..dependencies import Backend, Changed, Signing, write
 from .blobs import upload_target
 
@@ -63,12 +63,15 @@ class PushCommit(Body):
 
 
 @router.post("/models/{name}/pushes", tags=["push"])
-def begin_push(name: str, body: PushBegin, local: Backend,
-               caller: str = write) -> dict[str, Any]:
+def begin_push(name: str, body: PushBegin, local: Backend, caller: str = write,
+               key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name = validate_name(name)
     claim = None if body.version is None else validate_version(body.version)
     files = check_push_files([_version_file(f) for f in body.files])
-    number, missing = local.begin_push(name, claim, files)
+    done: list[Any] = []  # this push, retried after its commit (catalog/pushes.py)
+    number, missing = local.begin_push(name, claim, files, key=push_key(key), committed=done)
+    if done:
+        return {"version": number, "uploads": [], "committed": record_to_wire(done[0])}
     log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
              len(missing), len(files))
     return {"version": number, "uploads": [upload_target(local, f) for f in missing]}
@@ -76,7 +79,8 @@ def begin_push(name: str, body: PushBegin, local: Backend,
 
 @router.post("/models/{name}/pushes/{version}/commit", tags=["push"])
 def commit_push(name: str, version: str, body: PushCommit, local: Backend, signing: Signing,
-                changed: Changed, caller: str = write) -> dict[str, Any]:
+                changed: Changed, caller: str = write,
+                key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
     tags = cast(dict[str, str], validate_tags(body.tags))
     aliases = validate_aliases(body.aliases)
@@ -84,7 +88,7 @@ def commit_push(name: str, version: str, body: PushCommit, local: Backend, signi
         reserved = local.reservation(name, number)
     except NotFoundError:
         # A retry of a commit that went through (its answer was lost): the same answer.
-        done = repeated_commit(local, name, number, body.manifest, tags)
+        done = repeated_commit(local, name, number, body.manifest, tags, push_key(key))
         if done is None:
             raise
         return record_to_wire(done)

@@ -131,3 +131,84 @@ def _close(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+class AnswerDropper:
+    """A loopback forwarder in front of a registry server that lets chosen requests through
+    and loses their answers, as a connection cut after the server acted does.
+
+    ``lose(method, suffix, count)``: the next ``count`` requests ``method`` to a path ending
+    in ``suffix`` reach the server; once its answer starts to come back, the connection is
+    closed instead, so the server has acted (committed, reserved) and the client never knows.
+    ``lost`` counts the answers dropped, ``seen`` every request line forwarded.
+    """
+
+    def __init__(self, target: str) -> None:
+        parsed = urllib.parse.urlsplit(target)
+        self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.rules: dict[tuple[bytes, bytes], int] = {}
+        self.lost = 0
+        self.seen: list[str] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def lose(self, method: str, suffix: str, count: int) -> None:
+        with self._lock:
+            self.rules[(method.encode(), suffix.encode())] = count
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _doomed(self, data: bytes) -> bool:
+        """Whether the request starting in ``data`` is one whose answer is to be lost."""
+        parts = data.split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return False
+        path = parts[1].split(b"?", 1)[0]
+        with self._lock:
+            self.seen.append(f"{parts[0].decode()} {path.decode()}")
+            for (method, suffix), count in self.rules.items():
+                if count > 0 and parts[0] == method and path.endswith(suffix):
+                    self.rules[(method, suffix)] = count - 1
+                    return True
+        return False
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            _close(client)
+            return
+        doomed = threading.Event()  # the request in flight on this connection loses its answer
+
+        def down() -> None:
+            with contextlib.suppress(OSError):
+                while data := upstream.recv(65536):
+                    if doomed.is_set():  # the server acted and answers: nobody hears it
+                        with self._lock:
+                            self.lost += 1
+                        break
+                    client.sendall(data)
+            for sock in (client, upstream):
+                _close(sock)
+
+        threading.Thread(target=down, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self._doomed(data):
+                    doomed.set()
+                upstream.sendall(data)
+        for sock in (client, upstream):
+            _close(sock)

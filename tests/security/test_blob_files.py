@@ -131,3 +131,85 @@ def test_the_server_answers_a_blob_that_is_a_link_to_dev_zero(server: Service) -
     finally:
         blob.unlink()
         blob.write_bytes(data)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float16"])
+def test_save_pretrained_writes_the_blob_it_verified_not_one_put_at_its_path_after(
+        reg: registry.Registry, work: Path, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """Its shards were copied (``dtype="auto"``) or cast from the blob's path opened again
+    after the check: a file put there meanwhile was written out as the version's weights."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    model: Any = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16))
+    model.save_pretrained(work / "src")
+    mv = reg.push(work / "src", "gpt2")
+    for memo in (reg.settings.cache_dir / "verified").iterdir():
+        memo.unlink()  # the save hashes the blob
+    blob = _blob(reg, mv)
+    stored = load_file(blob)
+    real = cache.sha256_file
+
+    def hash_then_swap(source: Any) -> str:
+        digest = real(source)
+        _swap(blob, stored)
+        return digest
+
+    monkeypatch.setattr(cache, "sha256_file", hash_then_swap)
+    fresh = registry.Registry(home=reg.settings.home)
+    out = fresh.save_pretrained(mv.ref, work / "dest", dtype=dtype)
+    monkeypatch.setattr(cache, "sha256_file", real)
+    fresh.close()
+    written = load_file(out / "model.safetensors")
+    assert written.keys() == stored.keys()
+    for key, value in stored.items():
+        expected = value.half() if dtype == "float16" and value.is_floating_point() else value
+        assert torch.equal(written[key], expected), f"{key}: the swapped file was written"
+
+
+def test_the_server_sends_the_blob_it_verified_not_one_put_at_its_path_after(
+        reg: registry.Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GET /api/v1/blobs/<digest>` answered FileResponse(path) after the check: the path was
+    opened again, and a file put there meanwhile was served (and every client's digest check
+    failed on the true version). A range of it too."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+
+    model = trained_mlp()
+    mv = reg.push(model, "m")
+    for memo in (reg.settings.cache_dir / "verified").iterdir():
+        memo.unlink()  # the server hashes the blob
+    blob = _blob(reg, mv)
+    true = blob.read_bytes()
+    real = cache.sha256_file
+    swaps: list[int] = []
+
+    def hash_then_swap(source: Any) -> str:
+        digest = real(source)
+        if not swaps:
+            swaps.append(1)
+            _swap(blob, model.state_dict())
+        return digest
+
+    monkeypatch.setattr(cache, "sha256_file", hash_then_swap)
+    with TestClient(create_app(reg.settings)) as client:
+        whole = client.get(f"/api/v1/blobs/{mv.digest}")
+        assert swaps and blob.read_bytes() != true
+        assert whole.status_code == 200 and whole.content == true, "the swapped file was served"
+        assert whole.headers["content-length"] == str(len(true))
+        # The swapped file is caught now (its identity is not the memo's): never served.
+        assert client.get(f"/api/v1/blobs/{mv.digest}").status_code == 422
+        blob.chmod(0o644)
+        blob.write_bytes(true)
+        part = client.get(f"/api/v1/blobs/{mv.digest}", headers={"Range": "bytes=8-27"})
+        assert (part.status_code, part.content) == (206, true[8:28])
+        assert part.headers["content-range"] == f"bytes 8-27/{len(true)}"
+        tail = client.get(f"/api/v1/blobs/{mv.digest}", headers={"Range": "bytes=-5"})
+        assert (tail.status_code, tail.content) == (206, true[-5:])
+        past = client.get(f"/api/v1/blobs/{mv.digest}", headers={"Range": f"bytes={len(true)}-"})
+        assert past.status_code == 416 and past.content == b""
+        head = client.head(f"/api/v1/blobs/{mv.digest}")
+        assert (head.status_code, head.content) == (200, b"")
+        assert head.headers["content-length"] == str(len(true))
