@@ -2,7 +2,7 @@
 catalog, after it changed, under the model's lock, and owed when a write fails.
 
 The catalog is the single source of truth; the store's copies exist so that ``registry db
-rebuild`` can restore it. The order of a push's writes (README, "Storage and guarantees"):
+rebuild`` can restore it. The order of a push's writes (docs/reliability.md):
 
 1. blobs (content-addressed, immutable; a reservation keeps them from gc),
 2. the catalog commit, which makes the version visible with its tags and aliases,

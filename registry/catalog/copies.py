@@ -5,7 +5,7 @@ The catalog is the single source of truth for visibility, tags and aliases. The 
 copies (manifests, alias tables, tombstones) so that ``registry db rebuild`` can restore the
 catalog; :meth:`StoreCopies.publish` hands a writer the catalog's current facts under the
 model's write lock, which every change of them also takes, so the copies are written in the
-catalog's order (README, "Storage and guarantees").
+catalog's order (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class StoreCopies:
         Every change of a version's visibility, tags or aliases takes the same lock, so the
         store's copies are written in the catalog's order and the last one written is of the
         newest state: two pushes moving one alias can no longer leave the older table in the
-        store (README, "Storage and guarantees")."""
+        store (docs/reliability.md)."""
         with self.session() as s:
             model = s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
             if model is None:

@@ -22,7 +22,7 @@ def export(module: torch.nn.Module, args: tuple[torch.Tensor, ...], request: Exp
     try:
         with warnings.catch_warnings():
             # Tracer warnings and the upstream deprecation notice: the export is verified below
-            # on fresh inputs instead, and the README says TorchScript is deprecated.
+            # on fresh inputs instead, and docs/exports.md says TorchScript is deprecated.
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(module, args, check_trace=False, strict=False)
             torch.jit.save(traced, str(path))

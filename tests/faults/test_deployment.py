@@ -1,4 +1,4 @@
-"""The deployment the README describes, under a kill and an outage: two `registry serve`
+"""The deployment docs/deployment.md describes, under a kill and an outage: two `registry serve`
 replicas over one PostgreSQL catalog and one S3 bucket (moto behind tests/faults/proxy.py),
 clients pushing to one name with an alias through both. Mid-run the store goes away for
 1.5 s from the first connection it refuses (shorter than REGISTRY_STORE_RETRY_SECONDS), then

@@ -1,5 +1,5 @@
-"""A push retried after an unknown outcome never makes a duplicate (README, "Storage and
-guarantees"; registry/catalog/pushes.py): a real `registry serve` subprocess, on SQLite and on
+"""A push retried after an unknown outcome never makes a duplicate (docs/reliability.md;
+registry/catalog/pushes.py): a real `registry serve` subprocess, on SQLite and on
 PostgreSQL, behind a forwarder that lets the server act and loses its answer.
 
 - The commit's answer is lost on every try of the client: it is told the outcome is unknown,

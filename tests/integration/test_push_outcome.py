@@ -1,4 +1,4 @@
-"""A push's outcome is exact and retry-safe (README, "Storage and guarantees"): once the
+"""A push's outcome is exact and retry-safe (docs/reliability.md): once the
 catalog commit succeeded the push reports success, and a retried commit whose answer was lost
 returns the committed version instead of failing or making a duplicate. Embedded and through a
 server (in process: the app behind httpx's transport, so failures are injected exactly)."""
