@@ -37,18 +37,22 @@ from .signing import signatures_table
               help="Attach a file as NAME=PATH (e.g. tokenizer.json=./tok/tokenizer.json).")
 @click.option("--sign-key", type=click.Path(exists=True, dir_okay=False),
               help="Sign the new version with this EC private key (PEM).")
+@click.option("--idempotency-key", help="Retry-safe key: the same push again with the same key "
+              "answers the version it made instead of making a duplicate.")
 @click.pass_context
 def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], ...],
          aliases: tuple[str, ...], factory: str | None, factory_kwargs: dict[str, Any] | None,
          precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None,
-         files: tuple[tuple[str, str], ...], sign_key: str | None) -> None:
+         files: tuple[tuple[str, str], ...], sign_key: str | None,
+         idempotency_key: str | None) -> None:
     """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
     version of NAME (or NAME:vN to claim N). The other files of a directory (config, tokenizer,
     model card) are attached to the version, and a transformers config.json is recorded."""
     mv = open_registry(ctx).push(path, name, tags=dict(tags), aliases=aliases, factory=factory,
                                  factory_kwargs=factory_kwargs, precision=precision,
                                  keep_in_fp32=keep_in_fp32, shard_size=shard_size,
-                                 files=dict(files) or None, sign_key=sign_key)
+                                 files=dict(files) or None, sign_key=sign_key,
+                                 idempotency_key=idempotency_key)
     click.echo(f"pushed {mv.ref} {mv.digest}" + (" (signed)" if sign_key else ""))
     click.echo(push_summary(mv.metadata["push"]))
 

@@ -139,3 +139,17 @@ def test_db_upgrade_and_rebuild(env: dict[str, str], tmp_path: Path, checkpoint:
     assert "1 version(s)" in run_cli("db", "rebuild", env=managed, check=True).stdout
     assert json.loads(run_cli("show", "mlp", "--json", env=managed, check=True).stdout)[
         "version"] == 1
+
+
+def test_push_again_with_its_idempotency_key_answers_the_same_version(
+        env: dict[str, str], checkpoint: Path) -> None:
+    first = run_cli("push", "mlp", str(checkpoint), "--idempotency-key", "job-7/try", env=env)
+    assert first.returncode != 0 and "job-7/try" in first.stderr  # a '/' is not in the grammar
+    first = run_cli("push", "mlp", str(checkpoint), "--idempotency-key", "job-7", env=env,
+                    check=True)
+    again = run_cli("push", "mlp", str(checkpoint), "--idempotency-key", "job-7", env=env,
+                    check=True)
+    assert first.stdout.splitlines()[0] == again.stdout.splitlines()[0]
+    assert again.stdout.startswith("pushed mlp:v1 sha256:")
+    listing = json.loads(run_cli("ls", "mlp", "--json", env=env, check=True).stdout)
+    assert [v["ref"] for v in listing] == ["mlp:v1"]
