@@ -22,12 +22,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
 
-from . import attachments
+from . import attachments, safewrite
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -268,20 +268,20 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
                      dest_dir: str | os.PathLike[str], origin: str) -> Path:
     """Write an adapter version as the directory ``PeftModel.from_pretrained`` loads on its
     base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them)."""
     record = check(manifest["adapter"], origin)
-    root = Path(dest_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = safewrite.folder(Path(dest_dir))  # one level at a time, no link followed out
     tensors: dict[str, torch.Tensor] = {}
     for f in manifest["files"]:
         keys = f.get("tensors", list(manifest["tensors"]))
-        tensors.update(load_shard(blob_path(f["digest"], f["size"]),
-                                  {k: manifest["tensors"][k] for k in keys},
-                                  lambda _k: torch.device("cpu"), as_stored, origin=origin))
-    write_safetensors({k: t.contiguous() for k, t in tensors.items()}, root / ADAPTER_WEIGHTS)
+        with open_blob(f["digest"], f["size"]) as source:  # the very file that was verified
+            tensors.update(load_shard(source, {k: manifest["tensors"][k] for k in keys},
+                                      lambda _k: torch.device("cpu"), as_stored, origin=origin))
+    with safewrite.replacing(root / ADAPTER_WEIGHTS) as fh:
+        write_safetensors({k: t.contiguous() for k, t in tensors.items()}, fh)
     base = record["base"]
     config = {**record["config"], "peft_type": LORA,
               "base_model_name_or_path": f"{base['name']}:v{base.get('version')}"}

@@ -18,7 +18,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import boundedjson, safewrite
 from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
@@ -200,10 +200,11 @@ def destination(root: Path, name: str) -> Path:
     return safewrite.folder(root, parent) / base
 
 
-def write_file(target: Path, source: Path) -> None:
-    """Copy ``source`` to ``target`` through a new temporary file in the same folder, so a reader
-    never sees half a file and an existing link at ``target`` is replaced, not followed."""
-    safewrite.copy_file(target, source)
+def write_file(target: Path, source: BinaryIO) -> None:
+    """Copy the open file ``source`` (the very file that was verified) to ``target`` through a
+    new temporary file in the same folder, so a reader never sees half a file and an existing
+    link at ``target`` is replaced, not followed."""
+    safewrite.copy_open(target, source)
 
 
 def write_bytes(target: Path, data: bytes) -> None:
@@ -220,11 +221,12 @@ def _clashes(names: list[str]) -> None:
                                      "version, so the version cannot be written as files")
 
 
-def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+def pull_files(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
                dest_dir: str | os.PathLike[str], *, skip: Callable[[str], bool] = lambda _n: False
                ) -> Path:
     """Write every attached file of ``manifest`` under ``dest_dir`` (created if missing), each
-    fetched and verified by ``blob_path(digest, size)``; returns ``dest_dir``."""
+    copied from the file ``open_blob(digest, size)`` verified (``Backend.open_blob``), never from
+    its path opened again; returns ``dest_dir``."""
     root = Path(dest_dir)
     if root.exists() and not root.is_dir():
         raise NormalizationError(f"{str(root)!r} exists and is not a folder; pass a folder to "
@@ -233,5 +235,6 @@ def pull_files(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path
     _clashes([f.name for f in files])
     safewrite.folder(root)
     for f in files:
-        write_file(destination(root, f.name), blob_path(f.digest, f.size))
+        with open_blob(f.digest, f.size) as source:
+            write_file(destination(root, f.name), source)
     return root

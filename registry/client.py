@@ -186,7 +186,7 @@ class Registry(SignedVersions):
         """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
         fetched through the verified cache; returns ``dest_dir``."""
         record = pipeline.resolve(self._backend, self.settings, ref)
-        return attachments.pull_files(record.manifest, self._backend.blob_path, dest_dir)
+        return attachments.pull_files(record.manifest, self._backend.open_blob, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
                         dtype: dev.DtypeRequest = "auto") -> Path:
@@ -194,8 +194,8 @@ class Registry(SignedVersions):
         config, its weights (``dtype`` casts floating tensors) and its attached files."""
         record = pipeline.resolve(self._backend, self.settings, ref)
         return self._signed_directory(record, dtype, write_pretrained(
-            record.manifest, self._backend.blob_path, dest_dir, dtype,
-            f"{record.name}:v{record.version}", open_blob=self._backend.open_blob))
+            record.manifest, self._backend.open_blob, dest_dir, dtype,
+            f"{record.name}:v{record.version}"))
 
     def pull_state_dict(
         self,

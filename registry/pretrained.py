@@ -61,14 +61,14 @@ def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, A
     return dict(config)
 
 
-def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int], Path],
+def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
-                     origin: str, *, open_blob: Callable[[str, int], BinaryIO]) -> Path:
+                     origin: str) -> Path:
     """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``. Each
     shard is copied or cast from the very file ``open_blob`` verified (``Backend.open_blob``),
     never from its path opened again."""
     if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
-        return adapters.write_pretrained(manifest, blob_path, dest_dir, origin)
+        return adapters.write_pretrained(manifest, open_blob, dest_dir, origin)
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
     # A quantized version: its quantization_config, and the components with torchao's metadata.
@@ -81,7 +81,7 @@ def write_pretrained(manifest: Mapping[str, Any], blob_path: Callable[[str, int]
     if isinstance(generation, dict):
         ours.add(GENERATION_CONFIG_NAME)
 
-    root = attachments.pull_files(manifest, blob_path, dest_dir,
+    root = attachments.pull_files(manifest, open_blob, dest_dir,
                                   skip=lambda n: n in ours or attachments.is_weights_name(n))
     for stale in root.iterdir():
         if _STALE.fullmatch(stale.name) and stale.name not in names and stale.is_file():

@@ -213,3 +213,33 @@ def test_the_server_sends_the_blob_it_verified_not_one_put_at_its_path_after(
         head = client.head(f"/api/v1/blobs/{mv.digest}")
         assert (head.status_code, head.content) == (200, b"")
         assert head.headers["content-length"] == str(len(true))
+
+
+def test_pull_files_writes_the_file_it_verified_not_one_put_at_its_path_after(
+        reg: registry.Registry, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attached files were copied from the blob's path opened again after the check: a file
+    put there meanwhile (same size, other bytes) was written out as the version's tokenizer."""
+    from registry.files import attached_files
+
+    true = b'{"vocab": "' + b"a" * 200 + b'"}'
+    (work / "tokenizer.json").write_bytes(true)
+    mv = reg.push(trained_mlp(), "m", files={"tokenizer.json": work / "tokenizer.json"})
+    (attached,) = attached_files(reg.show(mv.ref).metadata)
+    for memo in (reg.settings.cache_dir / "verified").iterdir():
+        memo.unlink()  # the pull hashes the blob
+    blob = reg.settings.home / "objects" / "blobs" / "sha256" / attached.digest.split(":")[1]
+    real = cache.sha256_file
+
+    def hash_then_swap(source: Any) -> str:
+        digest = real(source)
+        other = blob.with_name("other")
+        other.write_bytes(true.replace(b"a", b"b"))
+        os.replace(other, blob)
+        return digest
+
+    monkeypatch.setattr(cache, "sha256_file", hash_then_swap)
+    fresh = registry.Registry(home=reg.settings.home)
+    out = fresh.pull_files(mv.ref, work / "dest")
+    monkeypatch.setattr(cache, "sha256_file", real)
+    fresh.close()
+    assert (out / "tokenizer.json").read_bytes() == true
