@@ -7,8 +7,8 @@ registry` loads that module, and must not load sqlalchemy with it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -37,6 +37,15 @@ class SignatureFiles:
                     have.add(f.name)
                     s.add(VersionFileRow(version_id=row.id, role=ROLE, name=f.name,
                                          digest=f.digest, size=f.size))
+
+    @contextmanager
+    def signatures_locked(self, name: str) -> Iterator[None]:
+        """Hold ``name``'s write lock (the one every change of the model and the store's copies
+        of it take, catalog/copies.py) while the body runs: two signers' read, append and write
+        of the store's list of records run one after the other, and neither record is lost."""
+        with self.session() as s:
+            s.scalar(select(ModelRow).where(ModelRow.name == name).with_for_update())
+            yield
 
     def has_signature_files(self, name: str, version: int) -> bool:
         """Whether ``name:vN`` has bundle rows: a pull of an unsigned version asks the catalog

@@ -40,6 +40,11 @@ class LocalSignatures:
         if not isinstance(self.store, Staging) \
                 and not self.catalog.has_signature_files(name, version):
             return []
+        return self._stored_list(name, version)
+
+    def _stored_list(self, name: str, version: int) -> list[dict[str, Any]]:
+        """The store's list of ``name:vN``, checked (no catalog query: :meth:`add` reads it
+        while it holds the catalog's write lock)."""
         key = records.store_key(name, version)
         size = self.store.has(key)
         if size is None:
@@ -82,13 +87,17 @@ class LocalSignatures:
             key = blob_key(f.digest)
             if self.store.has(key) != f.size:
                 self.store.put_bytes(key, bundles[f.digest])
-        listed = [r for r in self.listed(name, version) if r["digest"] != record["digest"]]
-        listed.append(record)
-        if len(listed) > records.MAX_SIGNATURES:
-            raise SignatureError(f"{name}:v{version} already has {records.MAX_SIGNATURES} "
-                                 "signatures; no more can be added")
-        self.store.put_bytes(records.store_key(name, version),
-                             records.dumps(name, version, listed))
+        # The store's list is read, appended to and written back under the model's lock, so
+        # a concurrent signer's record is never overwritten by a list read before it landed.
+        with self.catalog.signatures_locked(name):
+            listed = [r for r in self._stored_list(name, version)
+                      if r["digest"] != record["digest"]]
+            listed.append(record)
+            if len(listed) > records.MAX_SIGNATURES:
+                raise SignatureError(f"{name}:v{version} already has {records.MAX_SIGNATURES} "
+                                     "signatures; no more can be added")
+            self.store.put_bytes(records.store_key(name, version),
+                                 records.dumps(name, version, listed))
         with contextlib.suppress(Exception):
             self.catalog.set_mirror_state(name, version, None)  # the mirror tags signers
         return record

@@ -226,3 +226,53 @@ def test_mlflow_mirror_tags_the_signers(reg: registry.Registry, keys: tuple[KeyP
     assert sync(reg.backend, uri).mirrored == ["mlp:v1"]  # type: ignore[arg-type]
     tags = MlflowClient(tracking_uri=uri).get_model_version("mlp", "1").tags
     assert _fingerprint(reviewer) in tags["registry.signatures"]
+
+
+@pytest.mark.parametrize("catalog", ["sqlite", "postgresql"])
+def test_concurrent_signers_of_one_version_each_keep_their_record(
+        catalog: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """Each signer read the store's list, appended its record and wrote the list back with no
+    lock: two at once, and the later write dropped the other's record from the store (the
+    catalog kept the bundle rows, so `show` and `db rebuild` lost a signature). The list
+    write is slowed down here so the signers overlap every time."""
+    import threading
+    import time
+
+    url = request.getfixturevalue("pg_url") if catalog == "postgresql" else None
+
+    def opened() -> registry.Registry:
+        return registry.Registry(home=tmp_path / "home", catalog=url)
+
+    signers = [ec_key_pair(tmp_path / "many", f"signer{i}") for i in range(4)]
+    opened().push(trained_mlp(), "mlp")
+    real = records.dumps
+
+    def slow_dumps(*args: object, **kwargs: object) -> bytes:
+        time.sleep(0.3)  # between the read of the list and its write
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(records, "dumps", slow_dumps)
+    start, errors = threading.Barrier(len(signers)), []
+
+    def sign(pair: KeyPair) -> None:
+        other = opened()
+        try:
+            start.wait()
+            other.sign("mlp:v1", key=pair.private)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+        finally:
+            other.close()
+
+    threads = [threading.Thread(target=sign, args=(pair,)) for pair in signers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    fresh = opened()
+    assert len(fresh.show("mlp:v1").metadata["signatures"]) == len(signers)
+    found = fresh.verify("mlp:v1", public_keys=[p.public for p in signers])
+    assert {s.signer for s in found} == {_fingerprint(p) for p in signers}
+    fresh.close()
