@@ -69,6 +69,8 @@ class Authenticator:
         self._get_token = get_token  # (realm, params, headers) -> response with .json()
         self._headers: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}  # one token request at a time per scope
+        self._refusals: dict[str, UnauthorizedError | ForbiddenError] = {}
 
     def headers(self, scope: str) -> dict[str, str]:
         with self._lock:
@@ -80,8 +82,14 @@ class Authenticator:
             return {"Authorization": f"Bearer {self.credential.token}"}
         return {}
 
-    def answer(self, challenge: str | None, scope: str, status: int) -> dict[str, str]:
-        """Headers that answer a 401 for ``scope``; UnauthorizedError when none can."""
+    def answer(self, challenge: str | None, scope: str, status: int,
+               sent: str | None = None) -> dict[str, str]:
+        """Headers that answer a 401 for ``scope``; UnauthorizedError when none can.
+
+        ``sent`` is the Authorization the refused request carried. Parallel requests refused
+        together fetch one token: the others wait for it and use it, unless it is the very
+        token the registry just refused (then a new one is asked for); credentials the realm
+        refused are not sent to it again (a service may lock an account after failed logins)."""
         scheme, params = parse_challenge(challenge or "")
         if scheme == "basic":
             if self.credential is None or not self.credential.username:
@@ -94,6 +102,23 @@ class Authenticator:
         if scheme != "bearer" or "realm" not in params:
             raise self.refused(status, f"its challenge {quoted(challenge, 80)} is not one "
                                         "this client answers (Basic or Bearer with a realm)")
+        with self._lock:
+            fetching = self._fetching.setdefault(scope, threading.Lock())
+        with fetching:
+            with self._lock:
+                known, refused = self._headers.get(scope), self._refusals.get(scope)
+            if refused is not None:  # the realm refused these credentials: not asked again
+                raise refused
+            if known is not None and known.get("Authorization") != sent:
+                return dict(known)
+            try:
+                return self._fetch(params, scope, status)
+            except (UnauthorizedError, ForbiddenError) as exc:
+                with self._lock:
+                    self._refusals[scope] = exc
+                raise
+
+    def _fetch(self, params: dict[str, str], scope: str, status: int) -> dict[str, str]:
         query = {"service": params["service"]} if "service" in params else {}
         query["scope"] = params.get("scope") or scope
         headers: dict[str, str] = {}

@@ -112,7 +112,8 @@ class OciClient:
             if response.status_code == 401 and own and not answered:
                 response.read()
                 response.close()
-                self.auth.answer(response.headers.get("www-authenticate"), scope, 401)
+                self.auth.answer(response.headers.get("www-authenticate"), scope, 401,
+                                 sent.get("Authorization"))
                 answered = True
                 continue
             if response.status_code in (301, 302, 303, 307, 308) \

@@ -1,8 +1,9 @@
 """The CNCF distribution registry (Debian's ``docker-registry``, 2.8) on loopback, for tests.
 
 Started with a config of its own (filesystem storage under a temporary directory, optional
-htpasswd auth) and its access log kept, so a test can count the blob uploads it received. A
-missing binary skips locally and fails under ``CI=true`` (``.ci/run`` installs the package).
+htpasswd or token auth, ``oci_token.py`` being the token server) and its access log kept, so a
+test can count the blob uploads it received. A missing binary skips locally and fails under
+``CI=true`` (``.ci/run`` installs the package).
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ def tls_files(workdir: Path, address: str) -> tuple[Path, Path, Path]:
 
 
 def start(workdir: Path, *, users: dict[str, str] | None = None, address: str = "127.0.0.1",
-          tls: tuple[Path, Path] | None = None) -> OciRegistry:
+          tls: tuple[Path, Path] | None = None,
+          token: dict[str, str] | None = None) -> OciRegistry:
+    """``token``: the ``auth: token:`` settings (realm, service, issuer, rootcertbundle)."""
     exe = shutil.which(BINARY)
     if exe is None:
         require_service("distribution registry", f"{BINARY} not found "
@@ -128,6 +131,8 @@ def start(workdir: Path, *, users: dict[str, str] | None = None, address: str = 
         passwd = workdir / "htpasswd"
         passwd.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in users.items()))
         auth = f"auth:\n  htpasswd:\n    realm: test-realm\n    path: {passwd}\n"
+    if token:
+        auth = "auth:\n  token:\n" + "".join(f"    {k}: {v}\n" for k, v in token.items())
     config = workdir / "config.yml"
     config.write_text(
         "version: 0.1\n"
