@@ -2,22 +2,27 @@
 and the registered model's own description.
 
 Pure functions of a catalog record and its export records, so a sync can compare them with what
-MLflow shows and put back whatever was edited in the UI (``mirror_mlflow.py``). Tags name store
-objects by their store-relative key; a store URI appears only when it is not a path on the
-server's disk.
+MLflow shows and put back whatever was edited in the UI (``mirror_mlflow.py`` decides what to
+sync, ``mlflow_client.py`` does it). :func:`view` gathers those inputs from a backend (the store
+URI, the stored exports, the signatures) into the one :class:`VersionView` every mirror and
+repair compares against. Tags name store objects by their store-relative key; a store URI
+appears only when it is not a path on the server's disk.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import manifest as mf
 from .catalog.records import VersionRecord
 from .display import human_bytes, version_table
 from .files import weight_files
 from .manifest import ModelVersion
+
+if TYPE_CHECKING:
+    from .backends import LocalBackend
 
 _TAG_KEY_RE = re.compile(r"[^\w.\- /]")
 MODEL_TAGS = {"registry.mirrored": "true"}
@@ -30,6 +35,46 @@ def source_key(record: VersionRecord) -> str:
     if len(shards) == 1:
         return mf.blob_key(shards[0].digest)
     return mf.manifest_key(record.name, record.version)
+
+
+class VersionView(NamedTuple):
+    """How MLflow should show one version: its ``source``, tags and description."""
+
+    source: str
+    tags: dict[str, str]
+    description: str
+
+
+def view(backend: LocalBackend, record: VersionRecord,
+         exports: list[dict[str, Any]] | None = None,
+         signed: str | None = None) -> VersionView:
+    """How MLflow shows ``record`` (every sync, mirror and repair compares against this one
+    answer); ``exports`` and ``signed`` are read from ``backend`` when not given."""
+    if exports is None:
+        exports = export_records(backend, record.name, record.version)
+    if signed is None:
+        signed = signature_tag(backend.signatures.listed(record.name, record.version))
+    source = source_uri(backend, record)
+    tags = version_tags(record, source, exports)
+    if signed:
+        tags["registry.signatures"] = signed
+    return VersionView(source, tags, describe(record, exports))
+
+
+def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
+    """What MLflow's ``source`` names: the store URI of :func:`source_key`."""
+    return backend.store.uri(source_key(record))
+
+
+def export_records(backend: LocalBackend, name: str, version: int) -> list[dict[str, Any]]:
+    """The stored exports of ``name:vN`` (the ``registry.exports`` tag and description rows)."""
+    return list(backend.exports.list_exports(name, version))
+
+
+def signature_tag(listed: list[dict[str, Any]]) -> str:
+    """The ``registry.signatures`` tag: ``method signer`` of each signature, as listed (the
+    registry verifies them on pull; MLflow only shows them)."""
+    return ", ".join(f"{r['method']} {r['signer']}" for r in listed)[:4000]
 
 
 def export_formats(exports: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -9,8 +9,8 @@ downloads as concurrent ranged GETs written into the caller's temporary file (s3
 the caller's temporary file in order, hashing as the bytes arrive). The caller (``BlobCache``)
 compares that digest with the one recorded and only then renames the file into the cache.
 
-Every botocore error is translated in one place, :func:`_mapped_errors`; messages name the
-endpoint, bucket and key, never credentials.
+Every botocore and s3transfer error is translated in one place, ``s3_errors.mapped_errors``;
+messages name the endpoint, bucket and key, never credentials.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlparse
 
 from .._progress import transfer
-from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
+from ..errors import RefError, SettingsError, StoreUnavailableError
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from .base import Progress
 from .layout import BLOBS, touched_key
-from .retry import DEFAULT_RETRY_SECONDS, TRANSIENT_CODES, Backoff, T, Unreachable, retried
+from .retry import DEFAULT_RETRY_SECONDS, Backoff, T, Unreachable, retried
+from .s3_errors import NO_BUCKET_CODES, Missing, error_code, mapped_errors, redact
 from .sizes import BoundedWriter, known_size
 
 DEFAULT_REGION = "us-east-1"
@@ -44,9 +45,6 @@ CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 PRESIGN_EXPIRES_S = 3600
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_MISSING_KEY_CODES = {"404", "NoSuchKey", "NotFound"}
-_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                 "ExpiredToken", "InvalidToken", "AllAccessDisabled"}
 
 
 class S3Store:
@@ -93,7 +91,7 @@ class S3Store:
             endpoint = urlparse(endpoint_url)
             if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
                 raise SettingsError(
-                    f"S3 endpoint {_redact(endpoint_url)!r} is not an http(s) URL; set "
+                    f"S3 endpoint {redact(endpoint_url)!r} is not an http(s) URL; set "
                     "REGISTRY_S3_ENDPOINT_URL to e.g. http://localhost:9000"
                 )
         return cls(bucket, prefix, endpoint_url=endpoint_url, max_attempts=max_attempts,
@@ -134,15 +132,15 @@ class S3Store:
             max_pool_connections=self.concurrency * max(UPLOAD_CONCURRENCY,
                                                         DOWNLOAD_CONCURRENCY),
         )
-        with self._mapped_errors():
+        with mapped_errors(self):
             return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 
     @property
     def where(self) -> str:
         """The endpoint, for messages (never credentials)."""
         if self.endpoint_url:
-            return _redact(self.endpoint_url)
-        return _redact(self._client.meta.endpoint_url) if self._client else "AWS S3"
+            return redact(self.endpoint_url)
+        return redact(self._client.meta.endpoint_url) if self._client else "AWS S3"
 
     def _transfer_config(self) -> Any:
         from boto3.s3.transfer import TransferConfig
@@ -172,9 +170,9 @@ class S3Store:
 
         def head() -> dict[str, Any] | None:
             try:
-                with self._mapped_errors(key, missing_ok=True):
+                with mapped_errors(self, key, missing_ok=True):
                     return dict(self.client.head_object(Bucket=self.bucket, Key=full))
-            except _Missing:
+            except Missing:
                 return None
         return self._retried(head)
 
@@ -195,7 +193,7 @@ class S3Store:
             shown = progress
 
             def upload() -> None:
-                with self._mapped_errors(key), \
+                with mapped_errors(self, key), \
                         create_transfer_manager(self.client, self._transfer_config()) as manager:
                     future = manager.upload(str(path), self.bucket, full,
                                             subscribers=[ProgressCallbackInvoker(shown)])
@@ -208,7 +206,7 @@ class S3Store:
         full = self._key(key)
 
         def put() -> None:
-            with self._mapped_errors(key):
+            with mapped_errors(self, key):
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
         self._retried(put)
 
@@ -216,14 +214,14 @@ class S3Store:
         full = self._key(key)
 
         def get() -> bytes:
-            with self._mapped_errors(key):
+            with mapped_errors(self, key):
                 response = self.client.get_object(Bucket=self.bucket, Key=full)
                 return bytes(response["Body"].read())
         return self._retried(get)
 
     def get_head(self, key: str, length: int) -> bytes:
         """The first ``length`` bytes of the object (a ranged GET)."""
-        with self._mapped_errors(key):
+        with mapped_errors(self, key):
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
                                               Range=f"bytes=0-{max(length, 1) - 1}")
             return bytes(response["Body"].read())[:length]
@@ -241,7 +239,7 @@ class S3Store:
             size, lambda: self.has(key), what)
 
         def download() -> str:  # each try starts the file again
-            with open(path, "wb", buffering=0) as fh, self._mapped_errors(key), \
+            with open(path, "wb", buffering=0) as fh, mapped_errors(self, key), \
                     create_transfer_manager(self.client, self._transfer_config()) as manager, \
                     BoundedWriter(fh, size, what) as writer:
                 manager.download(self.bucket, full, writer, subscribers=subscribers).result()
@@ -256,7 +254,7 @@ class S3Store:
         full = self._key(key)
 
         def remove() -> None:
-            with self._mapped_errors(key):
+            with mapped_errors(self, key):
                 self.client.delete_object(Bucket=self.bucket, Key=full)
                 if key.startswith(BLOBS):
                     self.client.delete_object(Bucket=self.bucket, Key=self._key(touched_key(key)))
@@ -271,7 +269,7 @@ class S3Store:
         backoff = Backoff(self.retry_seconds, f"store {self.url} at {self.where}")
         while True:
             try:
-                with self._mapped_errors():
+                with mapped_errors(self):
                     extra = {"StartAfter": base + after} if after is not None else {}
                     pages = self.client.get_paginator("list_objects_v2").paginate(
                         Bucket=self.bucket, Prefix=base + prefix, **extra)
@@ -317,7 +315,7 @@ class S3Store:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if method == "PUT":
             params["ContentType"] = "application/octet-stream"
-        with self._mapped_errors(key):
+        with mapped_errors(self, key):
             return str(self.client.generate_presigned_url(
                 operations[method], Params=params, ExpiresIn=expires_s))
 
@@ -331,19 +329,19 @@ class S3Store:
         region = self.client.meta.region_name
         if region and region != DEFAULT_REGION:
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        with self._mapped_errors(bucket_op=True):
+        with mapped_errors(self, bucket_op=True):
             try:
                 self.client.head_bucket(Bucket=self.bucket)
                 return False
             except ClientError as exc:
-                if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                if error_code(exc) not in NO_BUCKET_CODES:
                     raise
             try:
                 self.client.create_bucket(**kwargs)
             except ClientError as exc:
-                if _code(exc) == "BucketAlreadyOwnedByYou":
+                if error_code(exc) == "BucketAlreadyOwnedByYou":
                     return False
-                if _code(exc) == "BucketAlreadyExists":
+                if error_code(exc) == "BucketAlreadyExists":
                     raise StoreUnavailableError(
                         f"bucket {self.bucket!r} already exists and belongs to another account "
                         f"at {self.where}; choose another bucket in REGISTRY_STORE_URL"
@@ -351,93 +349,7 @@ class S3Store:
                 raise
         return True
 
-    # -- errors ---------------------------------------------------------------------------
+    # -- retries -------------------------------------------------------------------------
 
     def _retried(self, attempt: Callable[[], T]) -> T:
         return retried(attempt, self.retry_seconds, f"store {self.url} at {self.where}")
-
-    @contextlib.contextmanager
-    def _mapped_errors(self, key: str | None = None, *, missing_ok: bool = False,
-                       bucket_op: bool = False) -> Iterator[None]:
-        """Translate botocore and s3transfer errors into registry errors, once."""
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            ConnectionError,
-            CredentialRetrievalError,
-            HTTPClientError,
-            NoCredentialsError,
-            PartialCredentialsError,
-        )
-        from s3transfer.exceptions import RetriesExceededError
-
-        try:
-            yield
-        except ClientError as exc:
-            code = _code(exc)
-            if code == "NoSuchBucket":
-                self._raise_no_bucket()
-            if code in _MISSING_KEY_CODES and not bucket_op:
-                # HEAD answers a bare 404 for a missing bucket too: tell the two apart.
-                if not self._bucket_exists():
-                    self._raise_no_bucket()
-                if missing_ok:
-                    raise _Missing() from None
-                raise NotFoundError(
-                    f"object {key!r} not found in store {self.url} at {self.where}"
-                ) from None
-            if code in _DENIED_CODES:
-                raise StoreUnavailableError(
-                    f"store {self.url} at {self.where} refused the request ({code}); check the "
-                    "AWS credentials and the bucket policy"
-                ) from None
-            raise (Unreachable if code in TRANSIENT_CODES else StoreUnavailableError)(
-                f"store {self.url} at {self.where} failed"
-                + (f" on {key!r}" if key else "") + f": {code}"
-            ) from None
-        except (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError):
-            raise StoreUnavailableError(
-                f"no usable AWS credentials for store {self.url}; set AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
-            ) from None
-        except (ConnectionError, HTTPClientError, RetriesExceededError) as exc:
-            raise Unreachable(
-                f"store {self.url} at {self.where} is unreachable ({type(exc).__name__}); check "
-                "that the endpoint is up and REGISTRY_S3_ENDPOINT_URL is right"
-            ) from None
-        except BotoCoreError as exc:
-            raise StoreUnavailableError(
-                f"store {self.url} at {self.where} failed ({type(exc).__name__}); check the S3 "
-                "settings (REGISTRY_STORE_URL, REGISTRY_S3_ENDPOINT_URL, AWS_REGION)"
-            ) from None
-
-    def _bucket_exists(self) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
-                return False
-        except BotoCoreError:
-            pass  # cannot tell; the caller reports the error it already has
-        return True
-
-    def _raise_no_bucket(self) -> NoReturn:
-        raise StoreUnavailableError(
-            f"bucket {self.bucket!r} does not exist at {self.where}; create it with "
-            "`registry store init` (or fix REGISTRY_STORE_URL)"
-        ) from None
-
-
-class _Missing(Exception):
-    """Internal: a key that is not there, for ``has``."""
-
-
-def _code(exc: Any) -> str:
-    return str(exc.response.get("Error", {}).get("Code", "")) or str(
-        exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "unknown"))
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"(://)[^/@]*@", r"\1***@", url)

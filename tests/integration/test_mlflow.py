@@ -15,7 +15,8 @@ import pytest
 
 import registry
 from registry.errors import MlflowUnavailableError
-from registry.mirror_mlflow import _create_aligned, sync
+from registry.mirror_mlflow import sync
+from registry.mlflow_client import create_aligned
 from registry.mlflow_view import version_tags
 from tests.helpers import MLP, clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
@@ -373,6 +374,6 @@ class _NumberingClient:
 @pytest.mark.parametrize("as_type", [str, int], ids=["mlflow<=3.17", "mlflow>=3.18"])
 def test_placeholders_fill_gaps_whatever_type_versions_have(as_type: type) -> None:
     client = _NumberingClient(as_type)
-    created = _create_aligned(client, "m", 3, "s3://b/k", {"registry.ref": "m:v3"}, "")
+    created = create_aligned(client, "m", 3, "s3://b/k", {"registry.ref": "m:v3"}, "")
     assert int(created.version) == 3
     assert [int(v) for v in client.deleted] == [1, 2]
