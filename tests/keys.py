@@ -78,3 +78,25 @@ def cert_chain(directory: Path, name: str = "ca", identity: str = "signer@exampl
                                                 serialization.PrivateFormat.PKCS8,
                                                 serialization.NoEncryption()))
     return CertChain(root, key_path, leaf_path)
+
+
+def ca_and_leaf(ca_common: str, leaf_common: str,
+                names: list[x509.GeneralName] | None = None
+                ) -> tuple[x509.Certificate, x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A throwaway self-signed CA and a leaf it issued to ``leaf_common`` (with subject
+    alternative ``names`` when given): (ca, leaf, leaf's key), valid from a day ago to tomorrow."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(_name(ca_common)).issuer_name(_name(ca_common))
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    builder = (x509.CertificateBuilder().subject_name(_name(leaf_common))
+               .issuer_name(ca.subject).public_key(key.public_key()).serial_number(2)
+               .not_valid_before(now - datetime.timedelta(days=1))
+               .not_valid_after(now + datetime.timedelta(days=1)))
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return ca, builder.sign(ca_key, hashes.SHA256()), key

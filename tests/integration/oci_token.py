@@ -49,27 +49,11 @@ class Signer:
 
     @classmethod
     def create(cls, workdir: Path) -> Signer:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
+        from cryptography.hazmat.primitives import serialization
 
-        now = datetime.datetime.now(datetime.timezone.utc)
-        ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
-            ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "token test CA")])
-        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-              .public_key(ca_key.public_key()).serial_number(1)
-              .not_valid_before(now - datetime.timedelta(days=1))
-              .not_valid_after(now + datetime.timedelta(days=1))
-              .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-              .sign(ca_key, hashes.SHA256()))
-        leaf = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ISSUER)]))
-                .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-                .not_valid_before(now - datetime.timedelta(days=1))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .sign(ca_key, hashes.SHA256()))
+        from tests.keys import ca_and_leaf
+
+        ca, leaf, key = ca_and_leaf("token test CA", ISSUER)
         workdir.mkdir(parents=True, exist_ok=True)
         bundle = workdir / "token-ca.pem"
         bundle.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
