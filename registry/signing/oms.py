@@ -164,6 +164,37 @@ def key_fingerprint(pem: bytes) -> str:
     return "sha256:" + hashlib.sha256(spki).hexdigest()
 
 
+def trusted_file(path: Path) -> tuple[str, bytes]:
+    """(``sha256:<hex>``, bytes) of a trusted key or certificate file, read once per version of
+    the file (device, inode, size and mtime, taken from the descriptor that reads it): a pull
+    checks its trust anchors without reading each of them several times."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        identity = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        known = _TRUSTED_FILES.get(identity)
+        if known is None:
+            data = fh.read()
+            known = ("sha256:" + hashlib.sha256(data).hexdigest(), data)
+            if len(_TRUSTED_FILES) >= 256:
+                _TRUSTED_FILES.clear()
+            _TRUSTED_FILES[identity] = known
+    return known
+
+
+def key_signer(path: Path) -> str:
+    """The fingerprint of the trusted public key file ``path`` (parsed once per content)."""
+    digest, data = trusted_file(path)
+    if digest not in _FINGERPRINTS:
+        if len(_FINGERPRINTS) >= 256:
+            _FINGERPRINTS.clear()
+        _FINGERPRINTS[digest] = key_fingerprint(data)  # SignatureError when it is not a key
+    return _FINGERPRINTS[digest]
+
+
+_TRUSTED_FILES: dict[tuple[str, int, int, int, int], tuple[str, bytes]] = {}
+_FINGERPRINTS: dict[str, str] = {}
+
+
 def facts(bundle: bytes, origin: str) -> BundleFacts:
     """The signer a bundle names (not yet verified); SignatureError if it is not a bundle."""
     if len(bundle) > MAX_BUNDLE_BYTES:
@@ -223,8 +254,7 @@ def verify(bundle: bytes, subjects: Mapping[str, str], origin: str, *,
     found = facts(bundle, origin)
     memo = (hashlib.sha256(bundle).hexdigest(),
             hashlib.sha256(json.dumps(sorted(subjects.items())).encode()).hexdigest(),
-            tuple(hashlib.sha256(p.read_bytes()).hexdigest()
-                  for p in (*public_keys, *certificates)))
+            tuple(trusted_file(p)[0] for p in (*public_keys, *certificates)))
     if memo in _VERIFIED:
         return _VERIFIED[memo]
     signer = _verify(bundle, found, subjects, origin, public_keys, certificates)
@@ -250,7 +280,7 @@ def _verify(bundle: bytes, found: BundleFacts, subjects: Mapping[str, str], orig
             public_keys: Sequence[Path], certificates: Sequence[Path]) -> str | None:
     ms = _imports()
     if found.method == "key":
-        keys = [k for k in public_keys if key_fingerprint(k.read_bytes()) == found.signer]
+        keys = [k for k in public_keys if key_signer(k) == found.signer]
         if not keys:
             return None
         configure: list[Callable[[Any], Any]] = [
@@ -343,7 +373,7 @@ def verify_directory(directory: Path, signature: Path, *, public_keys: Sequence[
     found = facts(bundle, origin)
     ms = _imports()
     if found.method == "key":
-        keys = [k for k in public_keys if key_fingerprint(k.read_bytes()) == found.signer]
+        keys = [k for k in public_keys if key_signer(k) == found.signer]
         configs = [ms.verifying.Config().use_elliptic_key_verifier(public_key=k) for k in keys]
     elif found.method == "certificate" and certificates:
         configs = [ms.verifying.Config().use_certificate_verifier(

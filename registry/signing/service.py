@@ -103,7 +103,7 @@ def enforce(store: SignatureStore, manifest: Mapping[str, Any], mode: str, *,
                                  f"(`registry sign {origin} --key KEY.pem`) or pull with "
                                  "REGISTRY_VERIFY=if-signed")
         return []
-    trusted = {oms.key_fingerprint(k.read_bytes()) for k in public_keys}
+    trusted = {oms.key_signer(k) for k in public_keys}
     if not certificates and not any(r["signer"] in trusted for r in listed):
         # Nothing here can check these (the records' signers are only a hint: a record that
         # lies loses its own verification, never passes a bundle by someone else).
