@@ -20,21 +20,44 @@ import time
 import urllib.parse
 
 
-class FaultProxy:
+class Forwarder:
+    """A loopback listener in front of ``target`` whose connections ``_serve`` forwards; the
+    subclasses set their state before calling ``__init__``, which starts accepting."""
+
     def __init__(self, target: str) -> None:
         parsed = urllib.parse.urlsplit(target)
         self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class FaultProxy(Forwarder):
+    def __init__(self, target: str) -> None:
         self.mode: str | None = None
         self.direction = "up"
         self.after = 0
         self.hits = 0  # connections the fault struck (cut or stalled)
         self.down = False  # an outage: every connection refused or cut
         self.refused = 0  # connections the outage refused or cut
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target)
 
     def fault(self, mode: str, direction: str, after: int) -> None:
         assert mode in ("cut", "stall") and direction in ("up", "down")
@@ -51,17 +74,8 @@ class FaultProxy:
             self.down = False
 
     def close(self) -> None:
-        self._closed = True
         self.heal()
-        _close(self._listener)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().close()
 
     def _struck(self, request: bytes, direction: str) -> tuple[str, int] | None:
         """The fault for a connection that just sent ``request``, if it applies."""
@@ -133,7 +147,7 @@ def _close(sock: socket.socket) -> None:
         sock.close()
 
 
-class AnswerDropper:
+class AnswerDropper(Forwarder):
     """A loopback forwarder in front of a registry server that lets chosen requests through
     and loses their answers, as a connection cut after the server acted does.
 
@@ -144,32 +158,14 @@ class AnswerDropper:
     """
 
     def __init__(self, target: str) -> None:
-        parsed = urllib.parse.urlsplit(target)
-        self.target = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.rules: dict[tuple[bytes, bytes], int] = {}
         self.lost = 0
         self.seen: list[str] = []
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target)
 
     def lose(self, method: str, suffix: str, count: int) -> None:
         with self._lock:
             self.rules[(method.encode(), suffix.encode())] = count
-
-    def close(self) -> None:
-        self._closed = True
-        _close(self._listener)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _doomed(self, data: bytes) -> bool:
         """Whether the request starting in ``data`` is one whose answer is to be lost."""
