@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import boundedjson
 from ..errors import ForbiddenError, OciUnavailableError, UnauthorizedError, quoted
 from ..settings import OciCredential, parse_oci_auth
 
@@ -133,7 +134,7 @@ class Authenticator:
             raise self.refused(answer.status_code, "its token service refused the "
                                                     "credentials")
         try:
-            body = json.loads(answer.content[:MAX_TOKEN_ANSWER])
+            body = boundedjson.loads(answer.content[:MAX_TOKEN_ANSWER])
             token = body.get("token") or body.get("access_token")
         except (ValueError, AttributeError):
             token = None

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .. import boundedjson
 from ..digests import check_digest, sha256_bytes
 from ..errors import OciArtifactError, RefError, quoted
 from ..files import attached_files, check_file_name, weight_files
@@ -179,7 +180,7 @@ def read(body: bytes, media_type: str, *, origin: str, max_bytes: int) -> Artifa
     with a safe, unique file path and a size at most ``max_bytes`` (all of them together too);
     else :class:`OciArtifactError` naming what it is instead."""
     try:
-        doc = json.loads(body)
+        doc = boundedjson.loads(body)
     except ValueError:
         raise OciArtifactError(f"{origin} is not a JSON manifest") from None
     if not isinstance(doc, dict):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from .. import boundedjson
 from ..errors import SignatureError, quoted
 
 Method = Literal["key", "certificate", "sigstore"]
@@ -201,7 +202,7 @@ def facts(bundle: bytes, origin: str) -> BundleFacts:
         raise SignatureError(f"signature of {origin} is {len(bundle)} bytes, over the "
                              f"{MAX_BUNDLE_BYTES}-byte limit of a bundle; it was not used")
     try:
-        data = json.loads(bundle)
+        data = boundedjson.loads(bundle)
         material = data["verificationMaterial"]
         envelope = data["dsseEnvelope"]
         if not isinstance(envelope, dict) or not isinstance(envelope.get("payload"), str):

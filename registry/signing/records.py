@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import boundedjson
 from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
 from ..files import VersionFile, version_files
@@ -139,7 +140,7 @@ def loads(data: bytes, name: str, version: int, origin: str) -> list[dict[str, A
     """The records of a stored ``.signatures.json``, checked; refused if it names another
     version than the key it was found under."""
     try:
-        parsed = json.loads(data)
+        parsed = boundedjson.loads(data)
     except ValueError:
         raise ManifestError(f"store object {origin} is not valid JSON; remove or repair it, then "
                             "run `registry db rebuild` again") from None

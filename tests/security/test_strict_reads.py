@@ -130,3 +130,31 @@ def test_a_malformed_catalog_export_row_is_one_line(reg: registry.Registry, home
     result = run_cli("show", "m", env=clean_env(home))
     assert result.returncode == ManifestError.exit_code, result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_deep_signature_list_in_the_store_refuses_the_rebuild(reg: registry.Registry,
+                                                                home: Path) -> None:
+    """The store's ``.signatures.json`` was parsed with plain ``json.loads``: 100,000 brackets
+    raised a raw RecursionError out of `db rebuild` (and of every pull of the version)."""
+    from registry.signing import records
+
+    reg.push(trained_mlp(), "m")
+    (home / "objects" / records.store_key("m", 1)).write_text(DEEP)
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        records.loads(DEEP.encode(), "m", 1, records.store_key("m", 1))
+    with pytest.raises(RegistryError, match="signatures.json"):
+        reg.backend.rebuild()
+
+
+def test_deep_bundles_and_oci_manifests_are_typed() -> None:
+    """A signature bundle and an OCI manifest come from outside and were parsed with plain
+    ``json.loads``: each raised a raw RecursionError."""
+    from registry.errors import OciArtifactError, SignatureError
+    from registry.oci import modelpack
+    from registry.signing import oms
+
+    with pytest.raises(SignatureError, match="not an OMS"):
+        oms.facts(DEEP.encode()[: oms.MAX_BUNDLE_BYTES], "m:v1")
+    with pytest.raises(OciArtifactError, match="not a JSON manifest"):
+        modelpack.read(DEEP.encode(), "application/vnd.oci.image.manifest.v1+json",
+                       origin="oci://127.0.0.1/m:v1", max_bytes=1 << 30)
