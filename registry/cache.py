@@ -5,6 +5,8 @@ Layout under the cache directory (as huggingface_hub's ``blobs/``)::
     blobs/sha256/<hex>     read-only, verified copies of remote blobs
     tmp/                   downloads in progress; renamed into blobs/ only after verification
     verified/<hex>-<id>    memo: (size, mtime, ctime, inode) of a file whose hash matched
+    signatures/<hex>       memo: the signer of a signature check by a trusted key that passed
+                           (named by the bundle's, subjects' and trusted keys' digests)
 
 A file is loaded only after its sha256 matched, either now or when the memo was written for the
 same size, mtime, ctime and inode. Any change to the file (even one that restores the mtime
@@ -28,6 +30,8 @@ from . import boundedjson
 from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
 
+# Where signing.oms.recall finds the signature checks that passed (see the layout above).
+SIGNATURE_MEMOS = "signatures"
 # Memos held in memory per VerifiedFiles; all are dropped when it is full.
 MAX_HELD = 1024
 # How often an open file that changed while it was hashed (a touch, a rename over it) is hashed

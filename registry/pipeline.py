@@ -29,6 +29,7 @@ from . import adapters, architectures, placement, prefault, quantized
 from . import devices as dev
 from . import materialize as mat
 from .backends import Backend
+from .cache import SIGNATURE_MEMOS
 from .catalog.records import VersionRecord
 from .files import weight_files
 from .oci.door import opened
@@ -68,7 +69,8 @@ def resolve(backend: Backend, settings: Settings, ref: str | Ref) -> VersionReco
 def verified(backend: Backend, settings: Settings, record: VersionRecord) -> VersionRecord:
     """``record`` once the signature policy passed it."""
     signing.enforce(backend.signatures, record.manifest, settings.verify,
-                    public_keys=settings.trusted_keys, certificates=settings.trusted_certs)
+                    public_keys=settings.trusted_keys, certificates=settings.trusted_certs,
+                    remembered=settings.cache_dir / SIGNATURE_MEMOS)
     return record
 
 

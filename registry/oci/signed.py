@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..cache import SIGNATURE_MEMOS
 from ..digests import sha256_bytes
 from ..errors import OciArtifactError, SignatureError
 from ..settings import Settings
@@ -92,4 +93,5 @@ class ArtifactSignatures:
 def enforce(store: SignatureStore, manifest: Mapping[str, Any], settings: Settings) -> None:
     """The pull policy (REGISTRY_VERIFY) on an artifact's version, before anything is loaded."""
     service.enforce(store, manifest, settings.verify, public_keys=settings.trusted_keys,
-                    certificates=settings.trusted_certs)
+                    certificates=settings.trusted_certs,
+                    remembered=settings.cache_dir / SIGNATURE_MEMOS)

@@ -31,13 +31,15 @@ class LocalSignatures:
     def __init__(self, catalog: Catalog, store: ObjectStore) -> None:
         self.catalog = catalog
         self.store = store
+        # Asked once: the protocol check reads ``staging_dir``, which makes the folder.
+        self.on_filesystem = isinstance(store, Staging)
 
     def listed(self, name: str, version: int) -> list[dict[str, Any]]:
         """The checked records of ``name:vN``, oldest first ([] when it has none). On a store
         across the network (S3) the catalog's bundle rows are asked first, so an unsigned
         version costs no round trip; on this filesystem a stat is cheaper than a query, and
         keeps a warm resolve query-free (catalog/warm.py)."""
-        if not isinstance(self.store, Staging) \
+        if not self.on_filesystem \
                 and not self.catalog.has_signature_files(name, version):
             return []
         return self._stored_list(name, version)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import copy
 import functools
 import hashlib
 import json
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 from .. import boundedjson
 from ..errors import SignatureError, quoted
+from . import memo
 
 Method = Literal["key", "certificate", "sigstore"]
 SIGNATURE_NAME = "model.sig"
@@ -79,14 +81,27 @@ def _manifest(model_name: str, subjects: Mapping[str, str]) -> Any:
 def _precomputed(model_name: str, subjects: Mapping[str, str]) -> Any:
     """A ``model_signing.hashing.Config`` whose ``hash`` returns the manifest of ``subjects``
     (name -> sha256 hex) instead of reading files."""
+    return _precomputed_class()(_manifest(model_name, subjects))
+
+
+@functools.cache
+def _precomputed_class() -> type:
+    """The class of :func:`_precomputed`'s configurations, made once (a class per call cost
+    more than the ECDSA check of a pull under REGISTRY_VERIFY)."""
     ms = _imports()
-    built = _manifest(model_name, subjects)
 
-    class Precomputed(ms.hashing.Config):  # type: ignore[name-defined]
+    class Precomputed(ms.hashing.Config):  # type: ignore[name-defined,misc]
+        def __init__(self, built: Any) -> None:
+            super().__init__()
+            self.built = built
+
         def hash(self, model_path: Any, *, files_to_hash: Iterable[Any] | None = None) -> Any:
-            return built
+            return self.built
 
-    return Precomputed()
+        def add_ignored_paths(self, *, model_path: Any, paths: Iterable[Any]) -> None:
+            """Nothing to ignore: no directory is walked, the subjects are the files."""
+
+    return Precomputed
 
 
 def check_subjects(subjects: Mapping[str, str]) -> None:
@@ -246,59 +261,64 @@ def _cert_identity(der: bytes) -> str:
 
 
 def verify(bundle: bytes, subjects: Mapping[str, str], origin: str, *,
-           public_keys: Sequence[Path] = (), certificates: Sequence[Path] = ()
-           ) -> str | None:
+           public_keys: Sequence[Path] = (), certificates: Sequence[Path] = (),
+           remembered: Path | None = None) -> str | None:
     """Check ``bundle`` against ``subjects`` (name -> sha256 hex) with the trusted keys or CA
     certificates. Returns the trusted signer (key fingerprint or certificate identity), None
     when no trusted key or certificate applies to this bundle (it cannot be checked here), and
-    raises SignatureError when it applies but the bundle does not verify."""
+    raises SignatureError when it applies but the bundle does not verify.
+
+    ``remembered``: a folder where checks by a trusted key that passed are written down
+    (:mod:`memo`), so a new process does not repeat one. A written check is believed only
+    for this bundle's own signer, and only while that key is trusted."""
     found = facts(bundle, origin)
-    memo = (hashlib.sha256(bundle).hexdigest(),
-            hashlib.sha256(json.dumps(sorted(subjects.items())).encode()).hexdigest(),
-            tuple(trusted_file(p)[0] for p in (*public_keys, *certificates)))
-    if memo in _VERIFIED:
-        return _VERIFIED[memo]
-    signer = _verify(bundle, found, subjects, origin, public_keys, certificates)
+    check = (hashlib.sha256(bundle).hexdigest(),
+             hashlib.sha256(json.dumps(sorted(subjects.items())).encode()).hexdigest(),
+             tuple(trusted_file(p)[0] for p in (*public_keys, *certificates)))
+    signer = memo.held(check)
     if signer is not None:
-        if len(_VERIFIED) >= 256:
-            _VERIFIED.clear()
-        _VERIFIED[memo] = signer
+        return signer
+    written = None
+    if remembered is not None and found.method == "key":
+        written = memo.file_of(remembered, check)
+        if memo.recall(written, found.signer) and \
+                any(key_signer(k) == found.signer for k in public_keys):
+            signer = found.signer
+    if signer is None:
+        signer = _verify(bundle, found, subjects, origin, public_keys, certificates)
+        if signer is not None and written is not None:
+            memo.write(written, signer)
+    if signer is not None:
+        memo.hold(check, signer)
     return signer
 
 
-# Bundles that verified in this process: (bundle sha256, subjects sha256, trusted files' sha256)
-# -> signer. Content-addressed on every side, so a hit is the same check with the same answer
-# (a pull of a signed version then pays for its signature once per process).
-_VERIFIED: dict[tuple[str, str, tuple[str, ...]], str] = {}
-
-
 def forget_verified() -> None:
-    """Empty the memo of verified bundles (benchmarks measure the uncached check)."""
-    _VERIFIED.clear()
+    """Empty this process's memo of verified bundles, as a new process starts with (the checks
+    written down in a cache stay; benchmarks measure both)."""
+    memo.forget()
 
 
 def _verify(bundle: bytes, found: BundleFacts, subjects: Mapping[str, str], origin: str,
             public_keys: Sequence[Path], certificates: Sequence[Path]) -> str | None:
-    ms = _imports()
     if found.method == "key":
         keys = [k for k in public_keys if key_signer(k) == found.signer]
         if not keys:
             return None
-        configure: list[Callable[[Any], Any]] = [
-            functools.partial(_use_key, key=k) for k in keys]
+        configure: list[Callable[[], Any]] = [functools.partial(_key_config, k) for k in keys]
     elif found.method == "certificate":
         if not certificates:
             return None
-        configure = [functools.partial(_use_certificates, roots=list(certificates))]
+        configure = [functools.partial(_certificates_config, list(certificates))]
     else:
         return None  # Sigstore keyless bundles need the network's trust root (not here)
     sig = _bundle_file(bundle)
     failure = ""
-    for use in configure:
-        config = ms.verifying.Config().set_hashing_config(_precomputed(origin, subjects))
+    hashing = _precomputed(origin, subjects)
+    for make in configure:
         try:
             # The model path is never read: the hashing config answers with the subjects.
-            use(config).verify(sig.parent, sig)
+            make().set_hashing_config(hashing).verify(sig.parent, sig)
             return found.signer
         except Exception as exc:  # crypto, chain and manifest failures alike
             failure = _reason(exc)
@@ -310,12 +330,28 @@ def _verify(bundle: bytes, found: BundleFacts, subjects: Mapping[str, str], orig
                          f"verify: {failure}; the version was not used")
 
 
-def _use_key(config: Any, key: Path) -> Any:
-    return config.use_elliptic_key_verifier(public_key=key)
+def _key_config(key: Path) -> Any:
+    """A verifying configuration of the public key file ``key``: a copy of one made once per
+    content of the file (reading and parsing the key was a tenth of a cold check). The copy
+    shares the stateless verifier and takes its own hashing configuration."""
+    digest = trusted_file(key)[0]
+    with _LOCK:
+        made = _KEY_CONFIGS.get(digest)
+    if made is None:
+        made = _imports().verifying.Config().use_elliptic_key_verifier(public_key=key)
+        with _LOCK:
+            if len(_KEY_CONFIGS) >= 256:
+                _KEY_CONFIGS.clear()
+            _KEY_CONFIGS[digest] = made
+    return copy.copy(made)
 
 
-def _use_certificates(config: Any, roots: list[Path]) -> Any:
-    return config.use_certificate_verifier(certificate_chain=roots)
+def _certificates_config(roots: list[Path]) -> Any:
+    return _imports().verifying.Config().use_certificate_verifier(certificate_chain=roots)
+
+
+_KEY_CONFIGS: dict[str, Any] = {}
+_LOCK = threading.Lock()
 
 
 _SCRATCH: list[Path] = []

@@ -67,7 +67,7 @@ def sign(store: SignatureStore, manifest: Mapping[str, Any], *, key: str | Path,
 
 def verify(store: SignatureStore, manifest: Mapping[str, Any], *,
            public_keys: Sequence[Path] = (), certificates: Sequence[Path] = (),
-           listed: list[dict[str, Any]] | None = None
+           listed: list[dict[str, Any]] | None = None, remembered: Path | None = None
            ) -> tuple[list[Signature], list[Signature]]:
     """(signatures that verify with a trusted key or certificate, signatures nobody here
     trusts). A signature whose key or certificate is trusted but which does not verify (a
@@ -81,7 +81,7 @@ def verify(store: SignatureStore, manifest: Mapping[str, Any], *,
         signature = Signature.from_record(record)
         bundle = store.bundle(signature.digest, signature.size)
         signer = oms.verify(bundle, subjects, origin, public_keys=public_keys,
-                            certificates=certificates)
+                            certificates=certificates, remembered=remembered)
         if signer is None:
             unknown.append(signature)
             continue
@@ -89,10 +89,11 @@ def verify(store: SignatureStore, manifest: Mapping[str, Any], *,
     return good, unknown
 
 def enforce(store: SignatureStore, manifest: Mapping[str, Any], mode: str, *,
-            public_keys: Sequence[Path] = (), certificates: Sequence[Path] = ()
-            ) -> list[Signature]:
+            public_keys: Sequence[Path] = (), certificates: Sequence[Path] = (),
+            remembered: Path | None = None) -> list[Signature]:
     """Apply the pull policy ``mode`` to a version before anything of it is loaded; returns
-    the signatures that verified."""
+    the signatures that verified. ``remembered``: where passed key checks are written down
+    (:func:`oms.recall`): a pull passes its cache's ``SIGNATURE_MEMOS`` folder."""
     if mode == "off":
         return []
     origin = f"{manifest['name']}:v{manifest['version']}"
@@ -111,7 +112,7 @@ def enforce(store: SignatureStore, manifest: Mapping[str, Any], mode: str, *,
         unknown = [Signature.from_record(r) for r in listed]
     else:
         good, unknown = verify(store, manifest, public_keys=public_keys,
-                               certificates=certificates, listed=listed)
+                               certificates=certificates, listed=listed, remembered=remembered)
     if not good and mode == "require":
         signers = ", ".join(sorted({s.signer for s in unknown}))
         raise SignatureError(f"{origin} is signed only by {signers}, which REGISTRY_TRUSTED_KEYS "

@@ -133,6 +133,62 @@ def test_a_trusted_signature_that_does_not_verify_is_an_error_in_every_mode_but_
     registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
 
 
+def test_a_passed_key_check_is_written_down_and_vouches_for_that_check_only(
+        reg: registry.Registry, keys: tuple[KeyPair, KeyPair], home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.signing import oms
+
+    producer, reviewer = keys
+    reg.push(trained_mlp(0), "mlp", sign_key=producer.private)
+    reg.push(trained_mlp(1), "mlp", sign_key=producer.private)
+    monkeypatch.setenv("REGISTRY_VERIFY", "require")
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(producer.public))
+    oms.forget_verified()
+    registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
+    memos = list((home / "cache" / "signatures").iterdir())
+    assert [m.read_text() for m in memos] == [_fingerprint(producer)]
+
+    checks: list[str] = []
+    real_check = oms._verify
+
+    def counted(bundle: bytes, found: oms.BundleFacts, *args: object) -> str | None:
+        checks.append(found.signer)
+        return real_check(bundle, found, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(oms, "_verify", counted)
+    oms.forget_verified()  # as a new process: the written-down check answers
+    loaded = registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
+    assert torch.equal(loaded.fc1.weight, trained_mlp(0).fc1.weight)
+    assert checks == []
+    # v2's own signature: another bundle and other subjects, so checked.
+    registry.Registry().pull("mlp:v2", device="cpu", model=trained_mlp(3))
+    assert checks == [_fingerprint(producer)]
+
+    # Trust taken away: the memo names a key no longer trusted, so it vouches for nothing.
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(reviewer.public))
+    oms.forget_verified()
+    with pytest.raises(SignatureError, match="signed only by"):
+        registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
+
+    # A memo naming another signer than the bundle's is not believed: the check runs again.
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", f"{producer.public}:{reviewer.public}")
+    for memo in (home / "cache" / "signatures").iterdir():
+        memo.write_text(_fingerprint(reviewer))
+    oms.forget_verified()
+    checks.clear()
+    registry.Registry().pull("mlp:v1", device="cpu", model=trained_mlp(3))
+    assert checks == [_fingerprint(producer)]
+
+    # v1's bundle copied onto v2: other subjects, so v1's memo does not apply and it fails.
+    v1 = json.loads(_store_file(home, "mlp", 1).read_text())["signatures"]
+    listed = json.loads(_store_file(home, "mlp", 2).read_text())
+    listed["signatures"] = v1
+    _store_file(home, "mlp", 2).write_text(json.dumps(listed))
+    oms.forget_verified()
+    with pytest.raises(SignatureError, match="Hash mismatch"):
+        registry.Registry().pull("mlp:v2", device="cpu", model=trained_mlp(3))
+
+
 def test_certificate_signing_verifies_to_the_trusted_root_only(
         reg: registry.Registry, tmp_path: Path) -> None:
     chain = cert_chain(tmp_path / "pki", "corp", identity="release@corp.example")
