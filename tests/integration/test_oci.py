@@ -521,3 +521,49 @@ def test_a_foreign_pull_keeps_a_signed_directorys_model_sig_as_an_import_does(
     imported = reg.import_oci(ref, "signed-imported")
     assert manifest["attachments"] == imported.metadata["attachments"]
     assert manifest["source"]["signed_files"] == imported.metadata["source"]["signed_files"]
+
+
+@pytest.mark.slow
+def test_save_pretrained_and_pull_files_of_an_oci_ref(reg: Registry, oci: OciRegistry,
+                                                      tmp_path: Path) -> None:
+    """save_pretrained and pull_files take an oci:// ref: another producer's save_pretrained
+    directory comes back as the import of it does, byte for byte, and loads in transformers;
+    an artifact this registry pushed serves its attached files without an import."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+    source = tmp_path / "src"
+    model.save_pretrained(source, safe_serialization=True)
+    (source / "README.md").write_bytes(b"# gpt2-tiny\nfrom another producer\n")
+    (source / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+    names = ["README.md", "config.json", "generation_config.json", "tokenizer.json"]
+    ref = _push_foreign(oci, "foreign/gpt2:v1", [
+        (source / "model.safetensors", modelpack.WEIGHT, "model.safetensors"),
+        *((source / n, modelpack.DOC if n == "README.md" else modelpack.WEIGHT_CONFIG, n)
+          for n in names)], tmp_path)
+
+    files = reg.pull_files(ref, tmp_path / "files")
+    assert sorted(p.name for p in files.iterdir()) == names
+    for name in names:
+        assert (files / name).read_bytes() == (source / name).read_bytes()
+    from_pull = reg.save_pretrained(ref, tmp_path / "hf-pull")
+    assert reg.list_models() == []  # neither added a version
+    imported = reg.import_oci(ref, "gpt2-imported")
+    from_import = reg.save_pretrained(imported.ref, tmp_path / "hf-import")
+    written = sorted(p.name for p in from_pull.iterdir())
+    assert written == sorted(p.name for p in from_import.iterdir())
+    assert {*names, "model.safetensors"} <= set(written)
+    for name in written:
+        assert (from_pull / name).read_bytes() == (from_import / name).read_bytes(), name
+    for name in ("README.md", "tokenizer.json"):
+        assert (from_pull / name).read_bytes() == (source / name).read_bytes()
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(from_pull)
+    assert_same_state(loaded.state_dict(), model.state_dict())
+
+    reg.push(block_lm(), "lm", files={"README.md": _write(reg, "README.md", b"# ours\n")})
+    reg.push_oci("lm:v1", oci.ref("ours/lm", "v1"))
+    fresh = Registry(home=tmp_path / "fresh")
+    ours = fresh.pull_files(oci.ref("ours/lm", "v1"), tmp_path / "ours")
+    assert (ours / "README.md").read_bytes() == b"# ours\n"
+    assert fresh.list_models() == []
