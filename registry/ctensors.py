@@ -117,7 +117,7 @@ class Packed(Checked):
                     for p, m in self.record["modules"].items()})
         return out
 
-    def _owners(self) -> dict[str, str]:
+    def owners(self) -> dict[str, str]:
         return {c: f"{p}.weight" for p in self.record["modules"] for c in self._components(p)}
 
     def _schemes(self) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
                                  scheme.policy(policy), tied)
     state = scheme.state_dict(state, requested)
     state.update(manifest.get("extras", {}))
-    return ordered_state(state, manifest)
+    return ordered_state(state, manifest, scheme.owners())  # the quantized model's own order
 
 
 def read(backend: Backend, settings: Settings, record: VersionRecord,
