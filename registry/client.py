@@ -183,19 +183,22 @@ class Registry(SignedVersions):
         return pipeline.pull(self._backend, self.settings, ref, target, merge=merge)
 
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
-        """Write the files attached to ``ref`` (tokenizer, config...) under ``dest_dir``, each
-        fetched through the verified cache; returns ``dest_dir``."""
-        record = pipeline.resolve(self._backend, self.settings, ref)
-        return attachments.pull_files(record.manifest, self._backend.open_blob, dest_dir)
+        """Write the files attached to ``ref`` (tokenizer, config...; ``oci://`` included)
+        under ``dest_dir``, each fetched through the verified cache; returns ``dest_dir``."""
+        with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
+            return attachments.pull_files(record.manifest, open_blob, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
                         dtype: dev.DtypeRequest = "auto") -> Path:
-        """Write ``ref`` as a directory ``transformers``' ``from_pretrained`` loads: its recorded
-        config, its weights (``dtype`` casts floating tensors) and its attached files."""
-        record = pipeline.resolve(self._backend, self.settings, ref)
-        return self._signed_directory(record, dtype, write_pretrained(
-            record.manifest, self._backend.open_blob, dest_dir, dtype,
-            f"{record.name}:v{record.version}"))
+        """Write ``ref`` (``oci://`` included) as a directory ``transformers``'
+        ``from_pretrained`` loads: its recorded config, its weights (``dtype`` casts floating
+        tensors) and its attached files."""
+        with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
+            root = write_pretrained(record.manifest, open_blob, dest_dir, dtype,
+                                    f"{record.name}:v{record.version}")
+        if pipeline.is_oci(ref):  # the store's signatures sign its own versions, not this one
+            return root
+        return self._signed_directory(record, dtype, root)
 
     def pull_state_dict(
         self,

@@ -77,6 +77,14 @@ def flatten(module: nn.Module, state: Mapping[str, Any],
             local = dict(compressor.compress(local, scheme))
         out.update({f"{path}.{k}": v.detach() for k, v in local.items()})
         modules[path] = {"group": group, "shape": [int(n) for n in local["weight_shape"]]}
+    # The model's own key order: components where the model holds them, those packed here
+    # where the module's first key was (a stable sort keeps them in the compressor's order).
+    rank = {k: i for i, k in enumerate(state)}
+    first: dict[str, int] = {}
+    for k, i in rank.items():
+        first.setdefault(k.rpartition(".")[0], i)
+    out = {k: out[k] for k in sorted(out, key=lambda k: rank.get(
+        k, first.get(k.rpartition(".")[0], len(rank))))}
     float_params = sum(math.prod(m["shape"]) for m in modules.values()) + sum(
         p.numel() for name, p in {id(p): (n, p) for n, p in module.named_parameters()}.values()
         if name.rpartition(".")[0] not in modules or name.rpartition(".")[2] not in
@@ -117,7 +125,7 @@ class Packed(Checked):
                     for p, m in self.record["modules"].items()})
         return out
 
-    def _owners(self) -> dict[str, str]:
+    def owners(self) -> dict[str, str]:
         return {c: f"{p}.weight" for p in self.record["modules"] for c in self._components(p)}
 
     def _schemes(self) -> dict[str, Any]:

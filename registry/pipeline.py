@@ -18,9 +18,11 @@ other. The stages, in order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, TypeGuard
 
 import torch
 from torch import nn
@@ -66,6 +68,24 @@ def resolve(backend: Backend, settings: Settings, ref: str | Ref) -> VersionReco
     return verified(backend, settings, checked(backend.resolve(parse(ref))))
 
 
+def is_oci(ref: str | Ref) -> TypeGuard[str]:
+    """Whether ``ref`` names an artifact in an OCI registry (``oci://HOST/REPO:TAG``)."""
+    return isinstance(ref, str) and ref.startswith("oci://")
+
+
+@contextmanager
+def opened_files(backend: Backend, settings: Settings, ref: str | Ref
+                 ) -> Iterator[tuple[VersionRecord, Callable[[str, int], BinaryIO]]]:
+    """The checked record ``ref`` names (``oci://`` included, registry/oci/door.py) and how to
+    open each of its files (shards and attached files) from the verified cache, as
+    ``Backend.open_blob`` does: valid inside the ``with``."""
+    if is_oci(ref):
+        with opened(ref, settings) as (record, fetch):
+            yield checked(record), lambda digest, size: os.fdopen(fetch(digest, size), "rb")
+        return
+    yield resolve(backend, settings, ref), backend.open_blob
+
+
 def verified(backend: Backend, settings: Settings, record: VersionRecord) -> VersionRecord:
     """``record`` once the signature policy passed it."""
     signing.enforce(backend.signatures, record.manifest, settings.verify,
@@ -78,7 +98,7 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
          merge: bool = False) -> nn.Module:
     """The module of ``ref`` (``oci://`` included) at ``target``, in eval mode; an adapter
     version comes back on its base (merged with ``merge=True``)."""
-    if isinstance(ref, str) and ref.startswith("oci://"):  # registry/oci/door.py
+    if is_oci(ref):  # registry/oci/door.py
         with opened(ref, settings) as (record, fetch):
             return module(backend, settings, checked(record), target, fetch)
     record = resolve(backend, settings, ref)
@@ -144,7 +164,7 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
                                  scheme.policy(policy), tied)
     state = scheme.state_dict(state, requested)
     state.update(manifest.get("extras", {}))
-    return ordered_state(state, manifest)
+    return ordered_state(state, manifest, scheme.owners())  # the quantized model's own order
 
 
 def read(backend: Backend, settings: Settings, record: VersionRecord,

@@ -226,7 +226,7 @@ class Scheme(Checked):
                 out[f"{m['path']}.bias"] = {"shape": [m["out_features"]]}
         return out
 
-    def _owners(self) -> dict[str, str]:
+    def owners(self) -> dict[str, str]:
         owners: dict[str, str] = {}
         if self.record["library"] == TORCHAO:
             for name, config in self.record["config"].items():

@@ -285,6 +285,10 @@ class Plain:
         """What ``pull_state_dict`` returns from the stored tensors."""
         return state
 
+    def owners(self) -> dict[str, str]:
+        """Stored component key -> the module key it belongs to (none: each is its own)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Checked(Plain):
@@ -302,7 +306,7 @@ class Checked(Plain):
     def policy(self, policy: Any) -> Any:
         return stored_dtype  # components are read byte for byte; rebuild casts when asked
 
-    def _owners(self) -> dict[str, str]:
+    def owners(self) -> dict[str, str]:
         """Stored component key -> the module key it belongs to."""
         raise NotImplementedError
 
@@ -310,7 +314,7 @@ class Checked(Plain):
         """Stored bytes per module key: the components of a quantized weight count for it, so
         ``device_map='auto'`` plans by what the device will hold, not the float size."""
         out: dict[str, int] = {}
-        owners = self._owners()
+        owners = self.owners()
         for key, spec in manifest["tensors"].items():
             size = math.prod(spec["shape"]) * getattr(torch, spec["dtype"]).itemsize
             owner = owners.get(key, key)

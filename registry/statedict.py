@@ -54,14 +54,22 @@ def rename_prefixes(metadata: Mapping[str, dict[str, int]],
     return out
 
 
-def ordered_state(state: Mapping[str, Any], manifest: Mapping[str, Any]) -> OrderedDict[str, Any]:
+def ordered_state(state: Mapping[str, Any], manifest: Mapping[str, Any],
+                  owners: Mapping[str, str] | None = None) -> OrderedDict[str, Any]:
     """``state`` as ``state_dict()`` would give it: in the pushed key order, with ``_metadata``.
 
+    A quantized version records the order of its stored components (``0._weight_qdata``,
+    ``0._weight_scale``); where ``state`` holds the module key they were split from instead
+    (``owners``: component -> module key), that key takes its first component's place.
     Versions pushed before key order was recorded keep the order ``state`` has.
     """
     order: Iterable[str] = manifest.get("key_order") or ()
-    out: OrderedDict[str, Any] = OrderedDict(
-        (key, state[key]) for key in order if key in state)
+    owners = owners or {}
+    out: OrderedDict[str, Any] = OrderedDict()
+    for stored in order:
+        key = stored if stored in state else owners.get(stored, stored)
+        if key in state and key not in out:
+            out[key] = state[key]
     for key, value in state.items():
         if key not in out:
             out[key] = value

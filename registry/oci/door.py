@@ -71,17 +71,16 @@ def opened(source: str, settings: Settings, *,
                 yield record, layers.open_fd
                 return
             record = foreign.version(
-                artifact, layers, settings.cache_dir, manifest_digest=digest,
-                origin=str(client.ref), repository=client.ref.repository,
-                shard_size=settings.shard_size, budget=free_bytes(settings.cache_dir))
+                artifact, layers, settings, manifest_digest=digest, origin=str(client.ref),
+                repository=client.ref.repository, budget=free_bytes(settings.cache_dir))
             signed.enforce(carried, record.manifest, settings)  # unsigned: refused by require
         finally:
             layers.close()
     cache = BlobCache(settings.cache_dir)
 
-    def cached(digest: str, size: int) -> int:  # the normalized shards, in the cache
+    def cached(digest: str, size: int) -> int:  # the normalized shards and files, in the cache
         def gone(_tmp: Path) -> str:
-            raise OciArtifactError(f"shard {digest} of {source}, normalized by this pull, left "
+            raise OciArtifactError(f"file {digest} of {source}, normalized by this pull, left "
                                    "the cache meanwhile; pull again")
 
         with cache.open(digest, gone, size) as fh:

@@ -3,10 +3,12 @@ registry manifest) as a checkpoint directory, and as a version a pull can materi
 
 An import pushes the checkout directory (the push normalizes it). A pull
 (``registry.pull("oci://...")``) normalizes it the same way (:func:`registry.normalize.normalize`
-and, for a ``save_pretrained`` directory, its ``config.json``), writes the normalized shards
-into the verified cache and holds the version's manifest under ``oci/foreign/<digest>.json``:
-a second pull of the same manifest digest reads the shards from the cache, verified again by
-their digests as every pull reads them.
+and, for a ``save_pretrained`` directory, its ``config.json``), attaches its other files as
+that push would (``config.json``, tokenizer files, a model card: same names, same checks),
+writes the normalized shards and the attached files into the verified cache, and holds the
+version's manifest under ``oci/foreign/<digest>.json``: a second pull of the same manifest
+digest reads them from the cache while every file it lists is still there, each verified again
+by its digest as every pull reads it.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import manifest as mf
-from ..attachments import transformers_architecture
+from ..attachments import collect, manifest_entries, stage, transformers_architecture
 from ..cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..digests import hexdigest
 from ..errors import OciArtifactError, RefError, RegistryError
-from ..files import StagedFile, weights_digest
+from ..files import StagedFile, version_files
 from ..normalize import dtype_name, normalize
 from ..refs import validate_name
+from ..settings import Settings
+from ..signing.push import check_source
 from ..weights import write_shards
 from . import modelpack
 from .pull import LayerFetcher
@@ -74,10 +78,12 @@ def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, 
     return target
 
 
-def version(artifact: modelpack.Artifact, layers: LayerFetcher, cache_root: Path, *,
-            manifest_digest: str, origin: str, repository: str, shard_size: int,
-            budget: int) -> VersionRecord:
-    """The normalized version of another producer's artifact, its shards in the cache."""
+def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settings, *,
+            manifest_digest: str, origin: str, repository: str, budget: int) -> VersionRecord:
+    """The normalized version of another producer's artifact, its shards and attached files in
+    the cache: the files a push of the checkout directory would attach, under the same names
+    and checks (:func:`registry.attachments.collect`, a ``model.sig`` kept as provenance)."""
+    cache_root = settings.cache_dir
     cache = BlobCache(cache_root)
     memo = cache_root / "oci" / "foreign" / f"{hexdigest(manifest_digest)}.json"
     held = _held(memo, cache, origin)
@@ -86,10 +92,17 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, cache_root: Path
     layers.prefetch(artifact.layers)
     directory = checkout(artifact, layers, cache_root / "oci" / "checkouts", origin=origin,
                          budget=budget)
+    staged: list[StagedFile] = []
     try:
         weights = normalize(directory)
         architecture = {**weights.architecture, **(transformers_architecture(directory) or {})}
-        staged = write_shards(weights.tensors, shard_size, cache.tmp_dir())
+        named, signed_files = check_source(directory, collect(directory, None), settings)
+        staged = write_shards(weights.tensors, settings.shard_size, cache.tmp_dir())
+        staged += stage(named, cache.tmp_dir())
+    except BaseException:
+        for s in staged:
+            s.path.unlink(missing_ok=True)
+        raise
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     try:
@@ -100,32 +113,26 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, cache_root: Path
             s.path.unlink(missing_ok=True)
     source = {**weights.source, "oci": {"ref": origin, "digest": manifest_digest}}
     source.get("checkpoint", {}).pop("file", None)  # the checkout's temporary name
-    shards = [s.file for s in staged]
-    manifest: dict[str, Any] = {
-        "format_version": mf.FORMAT_VERSION,
-        "name": _name(artifact, repository),
-        "version": 1,
-        "created_at": _created(artifact),
-        "digest": weights_digest(shards),
-        "files": [{"digest": f.digest, "size": f.size, "format": "safetensors",
-                   "tensors": list(f.tensors)} for f in shards],
-        "tensor_count": len(weights.tensors) + len(weights.tied),
-        "tensors": {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                    for k, t in weights.tensors.items()},
-        "extras": weights.extras,
-        "architecture": architecture,
-        "source": source,
-        "module_metadata": weights.module_metadata,
-        "key_order": weights.key_order,
-        "tags": {},
-    }
+    if signed_files is not None:
+        source["signed_files"] = signed_files
+    manifest = mf.Draft(
+        name=_name(artifact, repository), created_at=_created(artifact),
+        shards=[s.file for s in staged if s.file.role == "weights"],
+        tensors={k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                 for k, t in weights.tensors.items()},
+        tied_aliases=len(weights.tied), extras=weights.extras, architecture=architecture,
+        source=source, module_metadata=weights.module_metadata, key_order=weights.key_order,
+        tags={}, quantization=weights.quantization,
+        attachments=manifest_entries([s for s in staged if s.file.role == "file"]),
+    ).for_version(1)
     mf.validate(manifest, origin=origin)
     _write(memo, mf.dumps(manifest))
     return _record(manifest)
 
 
 def _keep(cache: BlobCache, staged: StagedFile) -> None:
-    """A normalized shard into the cache (its digest was computed as it was written)."""
+    """A normalized shard or an attached file into the cache (its digest was computed as it
+    was written); bytes the cache holds already (a raw layer's own blob) stay as they are."""
     def move(tmp: Path) -> str:
         os.replace(staged.path, tmp)
         return staged.digest
@@ -134,13 +141,13 @@ def _keep(cache: BlobCache, staged: StagedFile) -> None:
 
 
 def _held(memo: Path, cache: BlobCache, origin: str) -> dict[str, Any] | None:
-    """The manifest a pull of this artifact normalized before, if its shards are still cached
-    (each is verified again when the pull opens it)."""
+    """The manifest a pull of this artifact normalized before, if every file it lists (shards
+    and attached files) is still cached; each is verified again when it is opened."""
     try:
         manifest = mf.loads(memo.read_bytes(), origin=origin)
     except (OSError, RegistryError, ValueError):
         return None
-    if all(cache.path(f["digest"]).is_file() for f in manifest["files"]):
+    if all(cache.path(f.digest).is_file() for f in version_files(manifest)):
         return manifest
     return None
 

@@ -157,12 +157,15 @@ def test_pull_state_dict_gives_the_packed_state_or_floats_on_request(
         want = pushed(IDS).logits
     mv = reg.push(_load(checkpoint), "llama-int4")
     # As the compressed model's own state_dict() holds it.
-    _same(dict(reg.pull_state_dict(mv.ref, device="cpu")), packed)
+    state = reg.pull_state_dict(mv.ref, device="cpu")
+    _same(dict(state), packed)
+    assert list(state.keys()) == list(packed.keys())
     with caplog.at_level(logging.INFO, logger="registry.ctensors"):
         floats = reg.pull_state_dict(mv.ref, device="cpu", dtype="float32")
     assert "dequantizing compressed-tensors pack-quantized to float32" in caplog.text
     plain = transformers.LlamaForCausalLM(_config()).eval()
     plain.load_state_dict(floats, strict=True)  # the float model's keys and shapes
+    assert list(floats.keys()) == list(plain.state_dict().keys())
     with torch.no_grad():
         torch.testing.assert_close(plain(IDS).logits, want)
     # And a pull with dtype= gives the same plain float model.

@@ -352,3 +352,218 @@ def test_another_producers_tar_layers_pull(reg: Registry, oci: OciRegistry,
                             "layers": [layer for _, layer in archives]}, container)
     pulled = reg.pull(oci.ref("foreign/tarred", "v1"), device="cpu", model=BlockLM)
     assert_same_state(pulled.state_dict(), model.state_dict())
+
+
+def _push_foreign(oci: OciRegistry, container: str, layers: list[tuple[Path, str, str]],
+                  workdir: Path) -> str:
+    """Push ``(file, media type, filepath)`` layers and a ModelPack config with oras-py, as
+    another producer would; the artifact's oci:// reference."""
+    import oras.provider
+
+    client = oras.provider.Registry(hostname=oci.host, insecure=True)
+    target = client.get_container(f"{oci.host}/{container}")
+    descriptors = []
+    for path, media_type, filepath in layers:
+        descriptors.append({"mediaType": media_type, "digest": _sha(path),
+                            "size": path.stat().st_size,
+                            "annotations": {modelpack.FILEPATH: filepath}})
+        client.upload_blob(str(path), target, descriptors[-1])
+    config = workdir / "modelpack-config.json"
+    config.write_text(json.dumps({"config": {"format": "safetensors"}}))
+    conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
+            "size": config.stat().st_size}
+    client.upload_blob(str(config), target, conf)
+    client.upload_manifest({"schemaVersion": 2, "mediaType": modelpack.OCI_MANIFEST,
+                            "artifactType": modelpack.ARTIFACT_TYPE, "config": conf,
+                            "layers": descriptors}, target)
+    repo, _, tag = container.rpartition(":")
+    return oci.ref(repo, tag)
+
+
+def _plain_pull(reg: Registry, ref: str) -> tuple[dict, dict[str, bytes]]:
+    """The manifest of the version a plain pull of ``ref`` builds (no import), and the bytes
+    of each attached file as the pull serves them (from the verified cache)."""
+    import os
+
+    from registry.oci.door import opened
+
+    with opened(ref, reg.settings) as (record, fetch):
+        served = {}
+        for a in record.manifest.get("attachments", []):
+            with os.fdopen(fetch(a["digest"], a["size"]), "rb") as fh:
+                served[a["name"]] = fh.read()
+        return record.manifest, served
+
+
+def test_a_foreign_pull_attaches_the_raw_config_and_doc_layers(
+        reg: Registry, oci: OciRegistry, tmp_path: Path) -> None:
+    """A save_pretrained-like directory pushed as raw layers by another producer: the plain
+    pull's version lists its non-weight files as a push of the directory would (the same
+    entries as the import's: names, digests, sizes) and serves them byte for byte; each is the
+    very layer blob, kept in the verified cache by its digest."""
+    from safetensors.torch import save_file
+
+    model = block_lm()
+    source = tmp_path / "src"
+    source.mkdir()
+    save_file({k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              source / "model.safetensors")
+    (source / "config.json").write_text(json.dumps({"hidden": 8, "note": "not transformers"}))
+    (source / "generation_config.json").write_text(json.dumps({"max_length": 16}))
+    (source / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+    (source / "README.md").write_bytes(b"# lm\nfrom another producer\n")
+    kinds = {"config.json": modelpack.WEIGHT_CONFIG, "generation_config.json":
+             modelpack.WEIGHT_CONFIG, "tokenizer.json": modelpack.WEIGHT_CONFIG,
+             "README.md": modelpack.DOC}
+    ref = _push_foreign(oci, "foreign/raw-files:v1", [
+        (source / "model.safetensors", modelpack.WEIGHT, "model.safetensors"),
+        *((source / name, kind, name) for name, kind in kinds.items())], tmp_path)
+
+    manifest, served = _plain_pull(reg, ref)
+    listed = manifest["attachments"]
+    assert [(a["name"], a["digest"], a["size"]) for a in listed] == [
+        (name, _sha(source / name), (source / name).stat().st_size) for name in sorted(kinds)]
+    assert served == {name: (source / name).read_bytes() for name in kinds}
+    assert reg.list_models() == []  # the plain pull added no version
+    imported = reg.import_oci(ref, "raw-imported")
+    assert listed == imported.metadata["attachments"]
+    pulled = reg.pull(ref, device="cpu", model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+
+
+def test_a_foreign_pull_attaches_files_unpacked_from_tar_layers(
+        reg: Registry, oci: OciRegistry, tmp_path: Path) -> None:
+    """Files out of ``.tar`` / ``.tar+gzip`` config and doc layers are attached by the sha256
+    of their own bytes, kept in the verified cache; the pull's memo is used only while every
+    file it lists is still cached."""
+    import tarfile
+
+    from safetensors.torch import save_file
+
+    model = block_lm()
+    source = tmp_path / "src"
+    (source / "docs").mkdir(parents=True)
+    save_file({k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              source / "model.safetensors")
+    (source / "config.json").write_text(json.dumps({"hidden": 8, "note": "not transformers"}))
+    (source / "tokenizer.json").write_text("{}")
+    (source / "docs" / "card.md").write_bytes(b"# card\n" * 50)
+    layers = [(source / "model.safetensors", modelpack.WEIGHT, "model.safetensors")]
+    for names, media_type, mode in ((["config.json", "tokenizer.json"],
+                                     modelpack.WEIGHT_CONFIG.replace(".raw", ".tar"), "w"),
+                                    (["docs/card.md"],
+                                     modelpack.DOC.replace(".raw", ".tar+gzip"), "w:gz")):
+        archive = tmp_path / f"{names[0].replace('/', '-')}.tar"
+        with tarfile.open(archive, mode) as tar:
+            for name in names:
+                tar.add(source / name, arcname=name)
+        layers.append((archive, media_type, names[0].split("/")[0]))
+    ref = _push_foreign(oci, "foreign/tar-files:v1", layers, tmp_path)
+    names = ["config.json", "docs/card.md", "tokenizer.json"]
+    expected = {n: (source / n).read_bytes() for n in names}
+
+    manifest, served = _plain_pull(reg, ref)
+    listed = manifest["attachments"]
+    assert [(a["name"], a["digest"], a["size"]) for a in listed] == [
+        (n, _sha(source / n), len(expected[n])) for n in names]
+    assert served == expected
+    cache = reg.settings.cache_dir / "blobs" / "sha256"
+    for a in listed:  # by their own digests, not the archives'
+        assert (cache / a["digest"][7:]).read_bytes() == expected[a["name"]]
+    pulled = reg.pull(ref, device="cpu", model=BlockLM)
+    assert_same_state(pulled.state_dict(), model.state_dict())
+
+    # An attached file gone from the cache: the memo is not used, the pull normalizes again.
+    (cache / listed[1]["digest"][7:]).unlink()
+    again, served = _plain_pull(reg, ref)
+    assert again["attachments"] == listed and served == expected
+    imported = reg.import_oci(ref, "tar-imported")
+    assert imported.metadata["attachments"] == listed
+
+
+@pytest.mark.slow
+def test_a_foreign_pull_keeps_a_signed_directorys_model_sig_as_an_import_does(
+        oci: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory signed with the reference ``model_signing`` CLI and pushed as raw layers:
+    the plain pull checks its ``model.sig`` and keeps it as ``provenance/model.sig`` with the
+    signer in ``source``, exactly as the import (a push of the directory) records them."""
+    pytest.importorskip("model_signing")
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    from tests.keys import ec_key_pair
+
+    key = ec_key_pair(tmp_path / "keys", "producer")
+    source = tmp_path / "src"
+    source.mkdir()
+    save_file({k: v.clone() for k, v in block_lm().state_dict().items()
+               if k != "lm_head.weight"}, source / "model.safetensors")
+    (source / "README.md").write_text("# signed by its producer\n")
+    exe = Path(sys.executable).with_name("model_signing")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "model_signing"]
+    signed = subprocess.run([*command, "sign", "key", str(source), "--private_key",
+                             str(key.private), "--signature", str(source / "model.sig")],
+                            capture_output=True, text=True, timeout=300)
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    ref = _push_foreign(oci, "foreign/signed:v1", [
+        (source / "model.safetensors", modelpack.WEIGHT, "model.safetensors"),
+        (source / "README.md", modelpack.DOC, "README.md"),
+        (source / "model.sig", modelpack.DOC, "model.sig")], tmp_path)
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(key.public))
+    reg = Registry(home=tmp_path / "home")
+
+    manifest, served = _plain_pull(reg, ref)
+    assert [a["name"] for a in manifest["attachments"]] == ["README.md", "provenance/model.sig"]
+    assert served["provenance/model.sig"] == (source / "model.sig").read_bytes()
+    assert manifest["source"]["signed_files"]["verified"] is True
+    imported = reg.import_oci(ref, "signed-imported")
+    assert manifest["attachments"] == imported.metadata["attachments"]
+    assert manifest["source"]["signed_files"] == imported.metadata["source"]["signed_files"]
+
+
+@pytest.mark.slow
+def test_save_pretrained_and_pull_files_of_an_oci_ref(reg: Registry, oci: OciRegistry,
+                                                      tmp_path: Path) -> None:
+    """save_pretrained and pull_files take an oci:// ref: another producer's save_pretrained
+    directory comes back as the import of it does, byte for byte, and loads in transformers;
+    an artifact this registry pushed serves its attached files without an import."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+    source = tmp_path / "src"
+    model.save_pretrained(source, safe_serialization=True)
+    (source / "README.md").write_bytes(b"# gpt2-tiny\nfrom another producer\n")
+    (source / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+    names = ["README.md", "config.json", "generation_config.json", "tokenizer.json"]
+    ref = _push_foreign(oci, "foreign/gpt2:v1", [
+        (source / "model.safetensors", modelpack.WEIGHT, "model.safetensors"),
+        *((source / n, modelpack.DOC if n == "README.md" else modelpack.WEIGHT_CONFIG, n)
+          for n in names)], tmp_path)
+
+    files = reg.pull_files(ref, tmp_path / "files")
+    assert sorted(p.name for p in files.iterdir()) == names
+    for name in names:
+        assert (files / name).read_bytes() == (source / name).read_bytes()
+    from_pull = reg.save_pretrained(ref, tmp_path / "hf-pull")
+    assert reg.list_models() == []  # neither added a version
+    imported = reg.import_oci(ref, "gpt2-imported")
+    from_import = reg.save_pretrained(imported.ref, tmp_path / "hf-import")
+    written = sorted(p.name for p in from_pull.iterdir())
+    assert written == sorted(p.name for p in from_import.iterdir())
+    assert {*names, "model.safetensors"} <= set(written)
+    for name in written:
+        assert (from_pull / name).read_bytes() == (from_import / name).read_bytes(), name
+    for name in ("README.md", "tokenizer.json"):
+        assert (from_pull / name).read_bytes() == (source / name).read_bytes()
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(from_pull)
+    assert_same_state(loaded.state_dict(), model.state_dict())
+
+    reg.push(block_lm(), "lm", files={"README.md": _write(reg, "README.md", b"# ours\n")})
+    reg.push_oci("lm:v1", oci.ref("ours/lm", "v1"))
+    fresh = Registry(home=tmp_path / "fresh")
+    ours = fresh.pull_files(oci.ref("ours/lm", "v1"), tmp_path / "ours")
+    assert (ours / "README.md").read_bytes() == b"# ours\n"
+    assert fresh.list_models() == []
