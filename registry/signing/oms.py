@@ -90,7 +90,7 @@ def _precomputed_class() -> type:
     more than the ECDSA check of a pull under REGISTRY_VERIFY)."""
     ms = _imports()
 
-    class Precomputed(ms.hashing.Config):  # type: ignore[name-defined,misc]
+    class Precomputed(ms.hashing.Config):  # type: ignore[name-defined]
         def __init__(self, built: Any) -> None:
             super().__init__()
             self.built = built

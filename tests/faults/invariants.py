@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class Tally:
-    """Trials and violations of one scenario; ``summary()`` is the line docs/reliability.md quotes."""
+    """Trials and violations of one scenario; ``summary()`` is the line docs/reliability.md
+    quotes."""
 
     scenario: str
     seed: int | None = None
