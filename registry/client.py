@@ -207,9 +207,9 @@ class Registry(SignedVersions):
         device: dev.DeviceRequest = "auto",
         dtype: dev.DtypeRequest = "auto",
     ) -> dict[str, Any]:
-        """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``."""
-        record = pipeline.resolve(self._backend, self.settings, ref)
-        return pipeline.state_dict(self._backend, self.settings, record, device, dtype)
+        """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``;
+        ``ref`` may name an OCI artifact (``oci://HOST/REPO:TAG``), as for :meth:`pull`."""
+        return pipeline.pulled_state(self._backend, self.settings, ref, device, dtype)
 
     def push_oci(self, ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
         """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack

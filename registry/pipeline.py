@@ -145,10 +145,20 @@ def module(backend: Backend, settings: Settings, record: VersionRecord, target: 
     return built
 
 
+def pulled_state(backend: Backend, settings: Settings, ref: str | Ref,
+                 device: dev.DeviceRequest, dtype: dev.DtypeRequest) -> dict[str, Any]:
+    """:func:`state_dict` of what ``ref`` names (``oci://`` included)."""
+    if is_oci(ref):
+        with opened(ref, settings) as (record, fetch):
+            return state_dict(backend, settings, checked(record), device, dtype, fetch)
+    return state_dict(backend, settings, resolve(backend, settings, ref), device, dtype)
+
+
 def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
-               device: dev.DeviceRequest, dtype: dev.DtypeRequest) -> dict[str, Any]:
+               device: dev.DeviceRequest, dtype: dev.DtypeRequest,
+               fetch: Fetch | None = None) -> dict[str, Any]:
     """The weights of a resolved ``record`` (plus stored non-tensor entries) on one device,
-    ordered like ``state_dict()`` with its ``_metadata``."""
+    ordered like ``state_dict()`` with its ``_metadata``; ``fetch`` as :func:`read` takes it."""
     manifest = record.manifest
     requested = dev.parse_dtype(dtype)
     facts = dev.TorchFacts.probe()
@@ -161,7 +171,7 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
     scheme = quantized.scheme_of(manifest, f"{record.name}:v{record.version}")
     scheme.check_devices([target], facts, requested)
     state: dict[str, Any] = read(backend, settings, record, lambda _k: target,
-                                 scheme.policy(policy), tied)
+                                 scheme.policy(policy), tied, fetch)
     state = scheme.state_dict(state, requested)
     state.update(manifest.get("extras", {}))
     return ordered_state(state, manifest, scheme.owners())  # the quantized model's own order

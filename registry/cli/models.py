@@ -81,14 +81,16 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
         if files_only and fmt == "hf":
             raise click.UsageError("--format hf already writes the attached files; pass one")
         reg = open_registry(ctx)
-        mv = reg.show(ref)
+        # An OCI artifact is not in the catalog: it is named by its oci:// ref as given.
+        mv = None if ref.startswith("oci://") else reg.show(ref)
+        shown = ref if mv is None else mv.ref
         if fmt == "hf":
-            where = reg.save_pretrained(mv.ref, output, dtype)
-            click.echo(f"wrote {mv.ref} as a from_pretrained folder to {where}")
+            where = reg.save_pretrained(shown, output, dtype)
+            click.echo(f"wrote {shown} as a from_pretrained folder to {where}")
         else:
-            where = reg.pull_files(mv.ref, output)
-            count = len(mv.metadata.get("attachments", []))
-            click.echo(f"wrote {count} file(s) of {mv.ref} to {where}")
+            where = reg.pull_files(shown, output)
+            count = "the" if mv is None else len(mv.metadata.get("attachments", []))
+            click.echo(f"wrote {count} attached file(s) of {shown} to {where}")
         return
     if os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
@@ -101,12 +103,16 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     from ..weights import write_safetensors
 
     reg = open_registry(ctx)
-    mv = reg.show(ref)
-    state = reg.pull_state_dict(mv.ref, device=device, dtype=dtype)
+    if ref.startswith("oci://"):
+        shown: dict[str, str] = {"registry.ref": ref}
+    else:
+        mv = reg.show(ref)
+        ref = mv.ref
+        shown = {"registry.ref": mv.ref, "registry.digest": mv.digest}
+    state = reg.pull_state_dict(ref, device=device, dtype=dtype)
     tensors = {k: v.cpu() for k, v in state.items() if isinstance(v, torch.Tensor)}
     extras = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-    metadata = {"registry.ref": mv.ref, "registry.digest": mv.digest,
-                KEY_ORDER_FIELD: json.dumps(list(tensors))}
+    metadata = {**shown, KEY_ORDER_FIELD: json.dumps(list(tensors))}
     if getattr(state, "_metadata", None):
         metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:
@@ -114,7 +120,7 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     target = Path(output)
     with safewrite.replacing(safewrite.folder(target.parent) / target.name) as fh:
         write_safetensors(tensors, fh, metadata=metadata, order=list(tensors))
-    click.echo(f"wrote {mv.ref} to {output}")
+    click.echo(f"wrote {ref} to {output}")
 
 
 @click.command("ls")

@@ -164,6 +164,17 @@ def test_import_keeps_the_digests_and_the_cli_round_trips(reg: Registry, oci: Oc
     assert_same_state(reg.pull("lm-copy", device="cpu", model=BlockLM).state_dict(),
                       model.state_dict())
 
+    # `registry pull` reads an artifact without importing it: weights, folder and files.
+    ref = oci.ref("cli/lm", "v1")
+    out = home.parent / "cli-oci.safetensors"
+    wrote = run_cli("pull", ref, "-o", str(out), "--device", "cpu", env=env, check=True)
+    assert ref in wrote.stdout
+    from safetensors.torch import load_file
+
+    assert_same_state(load_file(out), model.state_dict())
+    assert_same_state(reg.pull_state_dict(ref, device="cpu"), model.state_dict())
+    assert sorted(reg.list_models()) == ["lm", "lm-copy"]  # nothing imported
+
 
 def test_basic_auth_from_the_environment_or_the_docker_config(
         reg: Registry, oci_auth: OciRegistry, monkeypatch: pytest.MonkeyPatch,
@@ -525,7 +536,7 @@ def test_a_foreign_pull_keeps_a_signed_directorys_model_sig_as_an_import_does(
 
 @pytest.mark.slow
 def test_save_pretrained_and_pull_files_of_an_oci_ref(reg: Registry, oci: OciRegistry,
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path, home: Path) -> None:
     """save_pretrained and pull_files take an oci:// ref: another producer's save_pretrained
     directory comes back as the import of it does, byte for byte, and loads in transformers;
     an artifact this registry pushed serves its attached files without an import."""
@@ -560,6 +571,14 @@ def test_save_pretrained_and_pull_files_of_an_oci_ref(reg: Registry, oci: OciReg
         assert (from_pull / name).read_bytes() == (source / name).read_bytes()
     loaded = transformers.GPT2LMHeadModel.from_pretrained(from_pull)
     assert_same_state(loaded.state_dict(), model.state_dict())
+    by_cli = tmp_path / "hf-cli"  # `registry pull --format hf` of the artifact, as the call
+    run_cli("pull", ref, "--format", "hf", "-o", str(by_cli), env=clean_env(home), check=True)
+    for name in written:
+        assert (by_cli / name).read_bytes() == (from_pull / name).read_bytes(), name
+    got = run_cli("pull", ref, "--files", "-o", str(tmp_path / "files-cli"),
+                  env=clean_env(home), check=True)
+    assert "attached file(s) of oci://" in got.stdout
+    assert sorted(p.name for p in (tmp_path / "files-cli").iterdir()) == names
 
     reg.push(block_lm(), "lm", files={"README.md": _write(reg, "README.md", b"# ours\n")})
     reg.push_oci("lm:v1", oci.ref("ours/lm", "v1"))
