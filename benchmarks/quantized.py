@@ -108,11 +108,12 @@ def _adapter_rows(b: Bench) -> list[Row]:
     row23.notes.append(f"Samples (s): base + adapter {t['adapter'].spread()}, base "
                        f"{t['base'].spread()}. r=8 on every up/down Linear. The difference is "
                        "PEFT's own injection of the LoRA layers (`get_peft_model`, on meta with "
-                       "init skipped: about 10 ms for the 60 targeted Linears here, 0.16 ms "
-                       "each, Python on the pulling thread while the other core maps the base's "
-                       "pages, so on two cores it adds rather than overlaps); the adapter's "
-                       "bytes are read as the base's are, so the ratio falls toward 1 as the "
-                       "base grows per targeted Linear.")
+                       f"init skipped: 7-10 ms for the {2 * b.size.blocks} targeted Linears "
+                       "here, 0.6-0.8 ms each, measured apart), Python on the pulling thread "
+                       "that adds to the base's pull rather than overlapping it: the pull "
+                       "returns in 4 ms and reading the bytes after it is bound by memory "
+                       "bandwidth, not by page faults a second core could take. The adapter's "
+                       "bytes are read as the base's are.")
 
     lora = peft.get_peft_model_state_dict(tuned)
     tensor_bytes = sum(v.numel() * v.element_size() for v in lora.values())
