@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Answer = tuple[int, dict[str, str], bytes]
+BLOB_TYPE = "application/octet-stream"
 
 
 def sha(data: bytes) -> str:
@@ -32,6 +33,8 @@ class FakeOci:
     # (method, path prefix) -> answer, tried before the default behaviour
     overrides: dict[tuple[str, str], Callable[[], Answer | None]] = field(default_factory=dict)
     token: str | None = None  # when set, every /v2/ request needs "Bearer <token>"
+    # False: blobs are sent without Content-Length, their end marked by closing the connection
+    blob_length: bool = True
     uploads: dict[str, bytearray] = field(default_factory=dict)
     server: Any = None
 
@@ -66,7 +69,8 @@ class FakeOci:
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
+                if fake.blob_length or headers.get("Content-Type") != BLOB_TYPE:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(body)
@@ -124,7 +128,7 @@ class FakeOci:
         if "/blobs/" in path:
             digest = path.rsplit("/", 1)[-1]
             if digest in self.blobs:
-                return 200, {"Content-Type": "application/octet-stream"}, self.blobs[digest]
+                return 200, {"Content-Type": BLOB_TYPE}, self.blobs[digest]
         return 404, {}, b'{"errors":[{"code":"NOT_FOUND","message":"unknown"}]}'
 
     def asked(self, method: str, fragment: str) -> list[str]:

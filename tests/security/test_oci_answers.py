@@ -58,6 +58,16 @@ def test_a_foreign_artifact_imports_when_honest(fake: FakeOci, reg: registry.Reg
     assert sorted(mv.metadata["tensors"]) == ["fc.bias", "fc.weight"]
 
 
+def test_a_layer_sent_without_a_length_pulls(fake: FakeOci, reg: registry.Registry) -> None:
+    """A body whose end is the connection's close (no Content-Length) is read to its end."""
+    data = _weights()
+    fake.blobs[sha(data)] = data
+    fake.blob_length = False
+    fake.add_artifact("m", "v1", [_layer(data)])
+    module = reg.pull(fake.ref("m:v1"), device="cpu", model=_Fc)
+    assert torch.equal(module.fc.weight, torch.arange(12.0).reshape(3, 4))
+
+
 def test_a_layer_whose_bytes_are_not_its_digest(fake: FakeOci, reg: registry.Registry) -> None:
     data = _weights()
     forged = bytearray(data)
@@ -81,9 +91,14 @@ def test_a_layer_of_100_gb_is_refused_before_a_byte_is_fetched(
     _nothing_kept(reg)
 
 
-def test_more_bytes_than_declared_are_refused(fake: FakeOci, reg: registry.Registry) -> None:
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_more_bytes_than_declared_are_refused(fake: FakeOci, reg: registry.Registry,
+                                              length: bool) -> None:
+    """Refused by the Content-Length before a byte is read, or when the first byte past the
+    declared size arrives (a body that only ends when the connection closes)."""
     data = _weights()
     fake.blobs[sha(data)] = data + b"\0" * 4096
+    fake.blob_length = length
     fake.add_artifact("m", "v1", [_layer(data)])
     with pytest.raises(registry.OciUnavailableError, match="more than the"):
         reg.import_oci(fake.ref("m:v1"), "m")
