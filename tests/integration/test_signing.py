@@ -35,6 +35,14 @@ def _store_file(home: Path, name: str, version: int) -> Path:
     return home / "objects" / records.store_key(name, version)
 
 
+def _copy_signatures(home: Path, name: str, source: int, target: int) -> None:
+    """Make the store's record list of ``name:v<target>`` point at ``v<source>``'s bundles."""
+    copied = json.loads(_store_file(home, name, source).read_text())["signatures"]
+    listed = json.loads(_store_file(home, name, target).read_text())
+    listed["signatures"] = copied
+    _store_file(home, name, target).write_text(json.dumps(listed))
+
+
 def test_push_signs_and_show_lists_signer_method_and_time(reg: registry.Registry,
                                                          keys: tuple[KeyPair, KeyPair]) -> None:
     producer, _ = keys
@@ -116,11 +124,7 @@ def test_a_trusted_signature_that_does_not_verify_is_an_error_in_every_mode_but_
     producer, _ = keys
     reg.push(trained_mlp(0), "mlp", sign_key=producer.private)
     reg.push(trained_mlp(1), "mlp", sign_key=producer.private)
-    # v2's record made to point at v1's bundle: a signature copied from another version.
-    v1 = json.loads(_store_file(home, "mlp", 1).read_text())["signatures"]
-    listed = json.loads(_store_file(home, "mlp", 2).read_text())
-    listed["signatures"] = v1
-    _store_file(home, "mlp", 2).write_text(json.dumps(listed))
+    _copy_signatures(home, "mlp", 1, 2)  # a signature copied from another version
     monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(producer.public))
     for mode in ("if-signed", "require"):
         monkeypatch.setenv("REGISTRY_VERIFY", mode)
@@ -180,10 +184,7 @@ def test_a_passed_key_check_is_written_down_and_vouches_for_that_check_only(
     assert checks == [_fingerprint(producer)]
 
     # v1's bundle copied onto v2: other subjects, so v1's memo does not apply and it fails.
-    v1 = json.loads(_store_file(home, "mlp", 1).read_text())["signatures"]
-    listed = json.loads(_store_file(home, "mlp", 2).read_text())
-    listed["signatures"] = v1
-    _store_file(home, "mlp", 2).write_text(json.dumps(listed))
+    _copy_signatures(home, "mlp", 1, 2)
     oms.forget_verified()
     with pytest.raises(SignatureError, match="Hash mismatch"):
         registry.Registry().pull("mlp:v2", device="cpu", model=trained_mlp(3))
