@@ -200,6 +200,15 @@ class Registry(SignedVersions):
             return root
         return self._signed_directory(record, dtype, root)
 
+    def show(self, ref: str | Ref) -> ModelVersion:
+        """The version ``ref`` names, with its signatures (listed, not verified); an OCI
+        artifact's (``oci://HOST/REPO:TAG``) too, read from its manifest and signature layers
+        where this registry pushed it, normalized as a pull does where another producer did."""
+        if pipeline.is_oci(ref):
+            record, listed = oci_door.described(str(ref), self.settings)
+            return self._with_signatures(model_version(record), listed)
+        return super().show(ref)
+
     def pull_state_dict(
         self,
         ref: str | Ref,

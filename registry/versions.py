@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
@@ -75,10 +75,13 @@ class Versions:
         """The version ``ref`` names (the latest one for a bare name), with its signatures."""
         return self._with_signatures(model_version(self._backend.resolve(parse(ref))))
 
-    def _with_signatures(self, mv: ModelVersion) -> ModelVersion:
-        """``metadata["signatures"]``: the version's signatures, as listed (not verified);
-        absent for an unsigned version, whose metadata stays its manifest and tags."""
-        listed = self._backend.signatures.listed(mv.name, mv.version)
+    def _with_signatures(self, mv: ModelVersion,
+                         listed: list[dict[str, Any]] | None = None) -> ModelVersion:
+        """``metadata["signatures"]``: the version's signatures, as listed (not verified;
+        ``listed``: the records an OCI artifact carries); absent for an unsigned version,
+        whose metadata stays its manifest and tags."""
+        if listed is None:
+            listed = self._backend.signatures.listed(mv.name, mv.version)
         if listed:
             mv.metadata["signatures"] = [Signature.from_record(r).to_dict() for r in listed]
         return mv

@@ -82,15 +82,15 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
             raise click.UsageError("--format hf already writes the attached files; pass one")
         reg = open_registry(ctx)
         # An OCI artifact is not in the catalog: it is named by its oci:// ref as given.
-        mv = None if ref.startswith("oci://") else reg.show(ref)
-        shown = ref if mv is None else mv.ref
+        mv = reg.show(ref)
+        source = _source(ref, mv.ref)
         if fmt == "hf":
-            where = reg.save_pretrained(shown, output, dtype)
-            click.echo(f"wrote {shown} as a from_pretrained folder to {where}")
+            where = reg.save_pretrained(source, output, dtype)
+            click.echo(f"wrote {source} as a from_pretrained folder to {where}")
         else:
-            where = reg.pull_files(shown, output)
-            count = "the" if mv is None else len(mv.metadata.get("attachments", []))
-            click.echo(f"wrote {count} attached file(s) of {shown} to {where}")
+            where = reg.pull_files(source, output)
+            count = len(mv.metadata.get("attachments", []))
+            click.echo(f"wrote {count} file(s) of {source} to {where}")
         return
     if os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
@@ -103,16 +103,13 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     from ..weights import write_safetensors
 
     reg = open_registry(ctx)
-    if ref.startswith("oci://"):
-        shown: dict[str, str] = {"registry.ref": ref}
-    else:
-        mv = reg.show(ref)
-        ref = mv.ref
-        shown = {"registry.ref": mv.ref, "registry.digest": mv.digest}
-    state = reg.pull_state_dict(ref, device=device, dtype=dtype)
+    mv = reg.show(ref)
+    source = _source(ref, mv.ref)
+    state = reg.pull_state_dict(source, device=device, dtype=dtype)
     tensors = {k: v.cpu() for k, v in state.items() if isinstance(v, torch.Tensor)}
     extras = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-    metadata = {**shown, KEY_ORDER_FIELD: json.dumps(list(tensors))}
+    metadata = {"registry.ref": source, "registry.digest": mv.digest,
+                KEY_ORDER_FIELD: json.dumps(list(tensors))}
     if getattr(state, "_metadata", None):
         metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:
@@ -120,7 +117,7 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     target = Path(output)
     with safewrite.replacing(safewrite.folder(target.parent) / target.name) as fh:
         write_safetensors(tensors, fh, metadata=metadata, order=list(tensors))
-    click.echo(f"wrote {ref} to {output}")
+    click.echo(f"wrote {source} to {output}")
 
 
 @click.command("ls")
@@ -148,6 +145,13 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
             click.echo("\nadapters:\n" + versions_table(over))
 
 
+def _source(ref: str, shown: str) -> str:
+    """What a command reads after ``show``: an ``oci://`` ref as given (the version it holds
+    is not in this catalog, though a local version may carry the same name), else the version
+    ``show`` resolved (a bare name or an alias fixed to one number for the whole command)."""
+    return ref if ref.startswith("oci://") else shown
+
+
 @click.command()
 @click.argument("ref")
 @click.option("--json", "as_json", is_flag=True,
@@ -155,9 +159,13 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
 @click.pass_context
 def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     """Show a version: identity, tags, and where and how it was trained."""
-    reg = open_versions(ctx)
-    mv = reg.show(ref)
-    exports = reg.list_exports(mv.ref)
+    if ref.startswith("oci://"):  # an artifact: the OCI door, not the catalog (torch)
+        mv = open_registry(ctx).show(ref)
+        exports = []
+    else:
+        reg = open_versions(ctx)
+        mv = reg.show(ref)
+        exports = reg.list_exports(mv.ref)
     if as_json:
         # ModelVersion fields, plus "exports" when the version has any.
         emit_json({**mv.to_dict(), **({"exports": [a.to_dict() for a in exports]}

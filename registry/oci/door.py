@@ -89,6 +89,27 @@ def opened(source: str, settings: Settings, *,
     yield record, cached
 
 
+def described(source: str, settings: Settings, *, plain_http: bool = False
+              ) -> tuple[VersionRecord, list[dict[str, Any]]]:
+    """The version an artifact holds and the signature records it carries (listed, not
+    verified), as ``show`` gives a version: an artifact of this registry is read from its
+    manifest and signature layers alone, no weight fetched; another producer's is normalized
+    as a pull normalizes it (its layers fetched once into the cache)."""
+    with connect(source, settings, plain_http=plain_http) as client:
+        artifact, digest = open_artifact(client, settings.cache_dir)
+        layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
+        try:
+            record = registry_record(artifact, layers, str(client.ref))
+            if record is None:
+                record = foreign.version(
+                    artifact, layers, settings, manifest_digest=digest, origin=str(client.ref),
+                    repository=client.ref.repository, budget=free_bytes(settings.cache_dir))
+            carried = signed.ArtifactSignatures(artifact, layers, str(client.ref))
+            return record, carried.listed(record.name, record.version)
+        finally:
+            layers.close()
+
+
 def import_artifact(source: str, name: str | None, settings: Settings, staging: Path,
                     commit: Callable[..., Any], push_directory: Callable[[Path, str], Any], *,
                     plain_http: bool, tags: dict[str, str], aliases: Sequence[str],

@@ -173,6 +173,8 @@ def test_import_keeps_the_digests_and_the_cli_round_trips(reg: Registry, oci: Oc
 
     assert_same_state(load_file(out), model.state_dict())
     assert_same_state(reg.pull_state_dict(ref, device="cpu"), model.state_dict())
+    shown = json.loads(run_cli("show", ref, "--json", env=env, check=True).stdout)
+    assert (shown["name"], shown["version"], shown["digest"]) == ("lm", 1, mv.digest)
     assert sorted(reg.list_models()) == ["lm", "lm-copy"]  # nothing imported
 
 
@@ -306,6 +308,14 @@ def test_signatures_travel_with_the_artifact_and_verify_after_import(
     signature = reg.show(mv.ref).metadata["signatures"][0]
     assert [x["digest"] for x in bundles] == [signature["digest"]]
     assert any(x["mediaType"] == modelpack.SIGNATURE_RECORDS for x in doc["layers"])
+    # show reads the artifact's version and signatures from its small layers, no weight.
+    looker = tmp_path / "looker"
+    shown = Registry(home=looker).show(oci.ref("signed/lm", "v1"))
+    assert (shown.ref, shown.digest) == (mv.ref, mv.digest)
+    assert shown.metadata["signatures"] == [signature]
+    fetched = {p.name for p in (looker / "cache" / "blobs" / "sha256").iterdir()}
+    assert fetched.isdisjoint(f["digest"].removeprefix("sha256:")
+                              for f in mv.metadata["files"])
 
     other = Registry(home=tmp_path / "elsewhere")
     copy = other.import_oci(oci.ref("signed/lm", "v1"))
@@ -577,7 +587,7 @@ def test_save_pretrained_and_pull_files_of_an_oci_ref(reg: Registry, oci: OciReg
         assert (by_cli / name).read_bytes() == (from_pull / name).read_bytes(), name
     got = run_cli("pull", ref, "--files", "-o", str(tmp_path / "files-cli"),
                   env=clean_env(home), check=True)
-    assert "attached file(s) of oci://" in got.stdout
+    assert f"{len(names)} file(s) of oci://" in got.stdout
     assert sorted(p.name for p in (tmp_path / "files-cli").iterdir()) == names
 
     reg.push(block_lm(), "lm", files={"README.md": _write(reg, "README.md", b"# ours\n")})
