@@ -64,16 +64,12 @@ def opened(source: str, settings: Settings, *,
         layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
             layers.prefetch(artifact.of_type(WEIGHT))  # while the manifest layer is read
-            record = registry_record(artifact, layers, str(client.ref))
+            record, ours = _held(client, artifact, digest, layers, settings)
             carried = signed.ArtifactSignatures(artifact, layers, str(client.ref))
-            if record is not None:
-                signed.enforce(carried, record.manifest, settings)
+            signed.enforce(carried, record.manifest, settings)  # unsigned: refused by require
+            if ours:
                 yield record, layers.open_fd
                 return
-            record = foreign.version(
-                artifact, layers, settings, manifest_digest=digest, origin=str(client.ref),
-                repository=client.ref.repository, budget=free_bytes(settings.cache_dir))
-            signed.enforce(carried, record.manifest, settings)  # unsigned: refused by require
         finally:
             layers.close()
     cache = BlobCache(settings.cache_dir)
@@ -99,15 +95,23 @@ def described(source: str, settings: Settings, *, plain_http: bool = False
         artifact, digest = open_artifact(client, settings.cache_dir)
         layers = fetcher(client, BlobCache(settings.cache_dir), artifact)
         try:
-            record = registry_record(artifact, layers, str(client.ref))
-            if record is None:
-                record = foreign.version(
-                    artifact, layers, settings, manifest_digest=digest, origin=str(client.ref),
-                    repository=client.ref.repository, budget=free_bytes(settings.cache_dir))
+            record, _ = _held(client, artifact, digest, layers, settings)
             carried = signed.ArtifactSignatures(artifact, layers, str(client.ref))
             return record, carried.listed(record.name, record.version)
         finally:
             layers.close()
+
+
+def _held(client: OciClient, artifact: Artifact, digest: str, layers: LayerFetcher,
+          settings: Settings) -> tuple[VersionRecord, bool]:
+    """The version an artifact holds, and whether this registry pushed it (its own manifest
+    layer, read alone) or another producer did (normalized: every layer fetched)."""
+    record = registry_record(artifact, layers, str(client.ref))
+    if record is not None:
+        return record, True
+    return foreign.version(
+        artifact, layers, settings, manifest_digest=digest, origin=str(client.ref),
+        repository=client.ref.repository, budget=free_bytes(settings.cache_dir)), False
 
 
 def import_artifact(source: str, name: str | None, settings: Settings, staging: Path,
@@ -149,8 +153,9 @@ def _import(artifact: Artifact, layers: LayerFetcher, client: OciClient, name: s
     signed.enforce(carried, record.manifest, settings)
     target = name or record.name
     # Signatures sign the name and number too: they come along when both are kept.
-    keep = bool(carried.listed(record.name, record.version)) and target == record.name
-    if carried.listed(record.name, record.version) and not keep:
+    listed = carried.listed(record.name, record.version)
+    keep = bool(listed) and target == record.name
+    if listed and not keep:
         log.warning("%s: its signatures sign %s:v%d and were not imported with %s; import it "
                     "under its own name to keep them", origin, record.name, record.version,
                     target)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -207,7 +208,6 @@ def test_another_producers_artifact_imports_like_a_checkpoint_directory(
         reg: Registry, oci: OciRegistry, tmp_path: Path) -> None:
     """An artifact pushed by oras-py (plain safetensors with a DataParallel prefix, a config,
     the spec's media types) imports as a version with its keys normalized."""
-    import oras.provider
     from safetensors.torch import save_file
 
     model = block_lm()
@@ -215,22 +215,10 @@ def test_another_producers_artifact_imports_like_a_checkpoint_directory(
              if k != "lm_head.weight"}
     weights = tmp_path / "model.safetensors"
     save_file(state, weights)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"descriptor": {"name": "foreign"},
-                                  "config": {"format": "safetensors"},
-                                  "modelfs": {"type": "layers", "diffIds": []}}))
-    client = oras.provider.Registry(hostname=oci.host, insecure=True)
-    container = client.get_container(f"{oci.host}/foreign/lm:v1")
-    layer = {"mediaType": modelpack.WEIGHT, "digest": _sha(weights),
-             "size": weights.stat().st_size,
-             "annotations": {"org.cncf.model.filepath": "model.safetensors"}}
-    client.upload_blob(str(weights), container, layer)
-    conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
-            "size": config.stat().st_size}
-    client.upload_blob(str(config), container, conf)
-    client.upload_manifest({"schemaVersion": 2, "mediaType": modelpack.OCI_MANIFEST,
-                            "artifactType": modelpack.ARTIFACT_TYPE, "config": conf,
-                            "layers": [layer]}, container)
+    _push_foreign(oci, "foreign/lm:v1", [(weights, modelpack.WEIGHT, "model.safetensors")],
+                  tmp_path, {"descriptor": {"name": "foreign"},
+                             "config": {"format": "safetensors"},
+                             "modelfs": {"type": "layers", "diffIds": []}})
     mv = reg.import_oci(oci.ref("foreign/lm", "v1"), "foreign")
     assert mv.metadata["source"]["wrapping"] == ["DataParallel/DistributedDataParallel"]
     expected = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -342,7 +330,6 @@ def test_another_producers_tar_layers_pull(reg: Registry, oci: OciRegistry,
     by oras-py are unpacked and pulled."""
     import tarfile
 
-    import oras.provider
     from safetensors.torch import save_file
 
     model = block_lm()
@@ -356,29 +343,17 @@ def test_another_producers_tar_layers_pull(reg: Registry, oci: OciRegistry,
         with tarfile.open(archive, mode) as tar:
             tar.add(tmp_path / name, arcname=name)
         suffix = ".tar+gzip" if mode == "w:gz" else ".tar"
-        archives.append((archive, {"mediaType": media_type.replace(".raw", suffix),
-                                   "digest": _sha(archive), "size": archive.stat().st_size,
-                                   "annotations": {modelpack.FILEPATH: name}}))
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"config": {"format": "safetensors"}}))
-    client = oras.provider.Registry(hostname=oci.host, insecure=True)
-    container = client.get_container(f"{oci.host}/foreign/tarred:v1")
-    for archive, layer in archives:
-        client.upload_blob(str(archive), container, layer)
-    conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
-            "size": config.stat().st_size}
-    client.upload_blob(str(config), container, conf)
-    client.upload_manifest({"schemaVersion": 2, "mediaType": modelpack.OCI_MANIFEST,
-                            "artifactType": modelpack.ARTIFACT_TYPE, "config": conf,
-                            "layers": [layer for _, layer in archives]}, container)
+        archives.append((archive, media_type.replace(".raw", suffix), name))
+    _push_foreign(oci, "foreign/tarred:v1", archives, tmp_path)
     pulled = reg.pull(oci.ref("foreign/tarred", "v1"), device="cpu", model=BlockLM)
     assert_same_state(pulled.state_dict(), model.state_dict())
 
 
 def _push_foreign(oci: OciRegistry, container: str, layers: list[tuple[Path, str, str]],
-                  workdir: Path) -> str:
-    """Push ``(file, media type, filepath)`` layers and a ModelPack config with oras-py, as
-    another producer would; the artifact's oci:// reference."""
+                  workdir: Path, config_body: dict[str, Any] | None = None) -> str:
+    """Push ``(file, media type, filepath)`` layers and a ModelPack config (``config_body``,
+    by default only its format) with oras-py, as another producer would; the artifact's
+    oci:// reference."""
     import oras.provider
 
     client = oras.provider.Registry(hostname=oci.host, insecure=True)
@@ -390,7 +365,7 @@ def _push_foreign(oci: OciRegistry, container: str, layers: list[tuple[Path, str
                             "annotations": {modelpack.FILEPATH: filepath}})
         client.upload_blob(str(path), target, descriptors[-1])
     config = workdir / "modelpack-config.json"
-    config.write_text(json.dumps({"config": {"format": "safetensors"}}))
+    config.write_text(json.dumps(config_body or {"config": {"format": "safetensors"}}))
     conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": _sha(config),
             "size": config.stat().st_size}
     client.upload_blob(str(config), target, conf)
