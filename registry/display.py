@@ -63,10 +63,14 @@ def _architecture(arch: dict[str, Any]) -> str:
 
 
 def _quantization(q: dict[str, Any]) -> str:
-    """``torchao 0.18.0 int8_weight_only (group sizes 16, 32; runs on cpu, cuda)``."""
+    """``torchao 0.18.0 int8_weight_only (group sizes 16, 32; runs on cpu, cuda)``; an intx
+    scheme names its weights' width: ``... intx_weight_only int4 (group sizes 32; ...)``."""
     groups = ", ".join(str(g) for g in q.get("group_sizes", [])) or "-"
     runs = ", ".join(str(d) for d in q.get("devices", [])) or "-"
-    return (f"{q.get('library')} {q.get('library_version')} {q.get('method')} "
+    widths = q.get("weight_dtypes")
+    method = f"{q.get('method')} {', '.join(map(str, widths))}" if isinstance(widths, list) \
+        else q.get("method")
+    return (f"{q.get('library')} {q.get('library_version')} {method} "
             f"(group sizes {groups}; runs on {runs})")
 
 

@@ -108,7 +108,10 @@ def version_tags(record: VersionRecord, source: str,
         tags["registry.exports"] = ",".join(export_formats(exports))
     quant, adapter = record.manifest.get("quantization"), record.manifest.get("adapter")
     if isinstance(quant, dict):  # issue 35: the scheme, and the base of an adapter
-        tags["registry.quantization"] = f"{quant.get('library')} {quant.get('method')}"[:5000]
+        widths = quant.get("weight_dtypes")
+        shown = " ".join([str(quant.get("library")), str(quant.get("method")),
+                          *(map(str, widths) if isinstance(widths, list) else [])])
+        tags["registry.quantization"] = shown[:5000]
     if isinstance(adapter, dict) and isinstance(base := adapter.get("base"), dict):
         tags["registry.adapter_base"] = f"{base.get('name')}:v{base.get('version')}"[:5000]
     return tags

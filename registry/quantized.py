@@ -2,7 +2,8 @@
 
 Two families are stored, each through what its library provides:
 
-- **torchao** tensor subclasses (``quantize_(m, Int8WeightOnlyConfig())``, float8, int4):
+- **torchao** tensor subclasses (``quantize_(m, Int8WeightOnlyConfig())``, float8, int4, and
+  intx: int1..int8 weights unpacked one per int8, torchao's int4 for the CPU):
   torchao's own ``flatten_tensor_state_dict`` splits each into plain component tensors
   (``0._weight_qdata``, ``0._weight_scale``...) and a JSON description, and
   ``unflatten_tensor_state_dict`` puts them back. A manifest's description is untrusted: every
@@ -42,6 +43,7 @@ from .schemes import (
     TORCHAO_METHODS,
     Checked,
     Plain,
+    activations_quantized,
     check,
 )
 
@@ -100,9 +102,10 @@ def _flatten_torchao(module: nn.Module, state: Mapping[str, Any],
 
     methods: set[str] = set()
     group_sizes: set[int] = set()
+    widths: set[str] = set()
     for key, t in subclasses.items():
         kind = type(t).__name__
-        method = TORCHAO_METHODS.get((kind, getattr(t, "act_quant_kwargs", None) is not None))
+        method = TORCHAO_METHODS.get((kind, activations_quantized(t)))
         if method is None:
             raise QuantizationError(
                 f"tensor {key!r} is a torchao {kind}, which this registry does not store yet; "
@@ -111,6 +114,9 @@ def _flatten_torchao(module: nn.Module, state: Mapping[str, Any],
         block = getattr(t, "block_size", None)
         if block:
             group_sizes.add(int(list(block)[-1]))
+        width = getattr(t, "target_dtype", None)
+        if isinstance(width, torch.dtype):  # intx: int1..int8
+            widths.add(dev_name(width))
     if len(methods) > 1:
         raise QuantizationError(f"the module mixes torchao methods {sorted(methods)}; push one "
                                 "method per version")
@@ -127,6 +133,8 @@ def _flatten_torchao(module: nn.Module, state: Mapping[str, Any],
     record = _record(TORCHAO, torchao.__version__, method, module, flat, group_sizes)
     record.update(tensor_names=names, config=configs,
                   shapes={k: list(subclasses[k].shape) for k in configs})
+    if widths:
+        record["weight_dtypes"] = sorted(widths)
     hf = getattr(getattr(module, "config", None), "quantization_config", None)
     if hf is not None and hasattr(hf, "to_dict"):
         # transformers' TorchAoConfig: written back by save_pretrained, never used by pull.

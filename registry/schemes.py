@@ -69,6 +69,10 @@ METHODS: dict[tuple[str, str], Runs] = {
     (TORCHAO, "float8_weight_only"): Runs(cpu=True, cuda=(8, 9)),
     (TORCHAO, "float8_dynamic_activation_float8_weight"): Runs(cpu=False, cuda=(8, 9)),
     (TORCHAO, "int4_weight_only"): Runs(cpu=False, cuda=(8, 0)),
+    # IntxUnpackedToInt8Tensor (int1..int8 weights, one int8 each, by group) dequantizes with
+    # plain torch ops wherever torch runs: torchao's int4 weight-only for the CPU.
+    (TORCHAO, "intx_weight_only"): Runs(cpu=True, cuda=(0, 0)),
+    (TORCHAO, "int8_dynamic_activation_intx_weight"): Runs(cpu=True, cuda=(0, 0)),
     (TORCH_AO, DYNAMIC_QINT8): Runs(cpu=True, cuda=None),
     # compressed-tensors unpacks int1..int8 groups with plain torch ops wherever torch runs.
     (COMPRESSED_TENSORS, PACK_QUANTIZED): Runs(cpu=True, cuda=(0, 0)),
@@ -82,7 +86,20 @@ TORCHAO_METHODS = {
     ("Float8Tensor", True): "float8_dynamic_activation_float8_weight",
     ("Int4Tensor", False): "int4_weight_only",
     ("Int4TilePackedTo4dTensor", False): "int4_weight_only",
+    ("IntxUnpackedToInt8Tensor", False): "intx_weight_only",
+    ("IntxUnpackedToInt8Tensor", True): "int8_dynamic_activation_intx_weight",
 }
+
+# The integer widths an intx scheme stores its weights in (``weight_dtypes`` of its record).
+INTX_DTYPES = frozenset({*(f"int{n}" for n in range(1, 9)), *(f"uint{n}" for n in range(1, 9))})
+
+
+def activations_quantized(tensor: object) -> bool:
+    """Whether a torchao weight also quantizes the activations it multiplies: Int8Tensor and
+    Float8Tensor carry ``act_quant_kwargs``, IntxUnpackedToInt8Tensor
+    ``activation_quantization``."""
+    return getattr(tensor, "act_quant_kwargs", None) is not None \
+        or getattr(tensor, "activation_quantization", None) is not None
 
 
 def check(record: object) -> str | None:
@@ -101,6 +118,10 @@ def check(record: object) -> str | None:
     if record["library"] == COMPRESSED_TENSORS:
         return _check_compressed(record)
     if record["library"] == TORCHAO:
+        widths = record.get("weight_dtypes")
+        if widths is not None and not (isinstance(widths, list) and widths
+                                       and all(w in INTX_DTYPES for w in widths)):
+            return f"has weight_dtypes {quoted(widths)}, not a list of int1..int8 / uint1..uint8"
         hf = record.get("hf_quantization_config")
         if hf is not None and (not isinstance(hf, dict) or hf.get("quant_method") != TORCHAO):
             return (f"has an hf_quantization_config {quoted(hf, 80)} whose quant_method is not "

@@ -24,9 +24,12 @@ from torchao.prototype.safetensors.safetensors_support import (  # noqa: E402
 )
 from torchao.quantization import (  # noqa: E402
     Float8WeightOnlyConfig,
+    Int8DynamicActivationIntxWeightConfig,
     Int8WeightOnlyConfig,
+    IntxWeightOnlyConfig,
     quantize_,
 )
+from torchao.quantization.granularity import PerGroup  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
@@ -61,19 +64,29 @@ def _stored_components(reg: Registry, ref: str) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize(("config", "method", "devices"), [
-    (Int8WeightOnlyConfig(), "int8_weight_only", ["cpu", "cuda"]),
-    (Float8WeightOnlyConfig(), "float8_weight_only", ["cpu", "cuda (capability >= 8.9)"]),
-])
+# torchao's int4 weight-only for the CPU: int4 values unpacked one per int8, by groups of 8.
+INT4_CPU = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(8))
+INT8_DA_INT4 = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                     weight_granularity=PerGroup(8))
+
+
+@pytest.mark.parametrize(("config", "method", "devices", "groups"), [
+    (Int8WeightOnlyConfig(), "int8_weight_only", ["cpu", "cuda"], [16, 32]),
+    (Float8WeightOnlyConfig(), "float8_weight_only", ["cpu", "cuda (capability >= 8.9)"],
+     [16, 32]),
+    (INT4_CPU, "intx_weight_only", ["cpu", "cuda"], [8]),
+    (INT8_DA_INT4, "int8_dynamic_activation_intx_weight", ["cpu", "cuda"], [8]),
+], ids=["int8", "float8", "int4-cpu", "int8-act-int4"])
 def test_a_torchao_module_round_trips_quantized(reg: Registry, config: object, method: str,
-                                                devices: list[str]) -> None:
+                                                devices: list[str], groups: list[int]) -> None:
     pushed = _torchao(config)
     mv = reg.push(pushed, "q")
     scheme = mv.metadata["quantization"]
     assert (scheme["library"], scheme["method"]) == ("torchao", method)
     assert scheme["library_version"] == torchao.__version__
     assert scheme["devices"] == devices
-    assert scheme["group_sizes"] == [16, 32]  # one scale per row: the rows' lengths
+    assert scheme["group_sizes"] == groups  # int8/float8: one scale per row, the rows' lengths
+    assert scheme.get("weight_dtypes") == (["int4"] if "intx" in method else None)
     assert scheme["float_params"] == 16 * 32 + 32 + 32 * 8 + 8
     assert mv.metadata["source"]["params"] == scheme["float_params"]
     flat, _ = flatten_tensor_state_dict(pushed.state_dict())
@@ -216,8 +229,11 @@ def test_show_names_the_scheme(reg: Registry) -> None:
     assert json.dumps(reg.show(mv.ref).to_dict()["metadata"]["quantization"])
 
 
+@pytest.mark.parametrize(("scheme", "kind"), [
+    (Int8WeightOnlyConfig(), "Int8Tensor"), (INT4_CPU, "IntxUnpackedToInt8Tensor"),
+], ids=["int8", "int4-cpu"])
 def test_save_pretrained_of_a_quantized_transformers_model_loads_back_quantized(
-        reg: Registry, tmp_path: Path) -> None:
+        reg: Registry, tmp_path: Path, scheme: object, kind: str) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=2,
@@ -226,13 +242,13 @@ def test_save_pretrained_of_a_quantized_transformers_model_loads_back_quantized(
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "float")
     model = transformers.LlamaForCausalLM.from_pretrained(
         tmp_path / "float", dtype=torch.float32,
-        quantization_config=transformers.TorchAoConfig(Int8WeightOnlyConfig()))
-    mv = reg.push(model, "llama-int8")
+        quantization_config=transformers.TorchAoConfig(scheme))
+    mv = reg.push(model, "llama-q")
     out = reg.save_pretrained(mv.ref, tmp_path / "hf")
     written = json.loads((out / "config.json").read_text())
     assert written["quantization_config"]["quant_method"] == "torchao"
     back = transformers.AutoModelForCausalLM.from_pretrained(out)
-    assert type(back.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
+    assert type(back.model.layers[0].mlp.up_proj.weight).__name__ == kind
     ids = torch.randint(0, 100, (1, 8))
     torch.testing.assert_close(back(ids).logits, model(ids).logits)
 
@@ -260,6 +276,28 @@ def test_the_mlflow_mirror_shows_the_scheme(reg: Registry) -> None:
     assert version_tags(record, "file:///x")["registry.quantization"] == \
         "torchao int8_weight_only"
     assert "| quantization | torchao" in describe(record)
+    int4 = reg.backend.resolve(parse(reg.push(_torchao(INT4_CPU), "q4").ref))
+    assert version_tags(int4, "file:///x")["registry.quantization"] == \
+        "torchao intx_weight_only int4"
+
+
+def test_int4_weight_only_on_the_cpu(reg: Registry) -> None:
+    """torchao's intx int4 runs on the CPU: show names its width, floats are one dtype= away,
+    and a device without CUDA kernels is never asked for (it runs on any CUDA device too)."""
+    from registry.display import version_table
+
+    pushed = _torchao(INT4_CPU)
+    mv = reg.push(pushed, "q4")
+    table = version_table(reg.show(mv.ref))
+    assert "intx_weight_only int4 (group sizes 8; runs on cpu, cuda)" in table
+    x = torch.randn(4, 16)
+    floats = reg.pull(mv.ref, device="cpu", dtype="float32", model=_float)
+    assert not hasattr(floats[0].weight, "qdata") and floats[0].weight.dtype == torch.float32
+    torch.testing.assert_close(floats(x), pushed(x))
+    state = reg.pull_state_dict(mv.ref, device="cpu")
+    assert list(state) == list(pushed.state_dict())
+    assert torch.equal(state["0.weight"].qdata, pushed[0].weight.qdata)
+    assert torch.equal(state["0.weight"].zero_point, pushed[0].weight.zero_point)
 
 
 def test_int4_which_has_no_cpu_kernels_is_refused_on_the_cpu(reg: Registry) -> None:

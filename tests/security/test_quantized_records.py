@@ -97,6 +97,27 @@ def test_int8_components_that_disagree_with_the_block_size_are_refused(reg: Regi
         reg.pull("q:v1", device="cpu", model=_float)
 
 
+def test_int4_zero_points_that_disagree_with_the_group_size_are_refused(
+        reg: Registry) -> None:
+    from torchao.quantization import IntxWeightOnlyConfig
+    from torchao.quantization.granularity import PerGroup
+
+    model = _float()
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(8)))
+    reg.push(model, "q")
+    manifest = _manifest(reg, "q:v1")
+    # Stored: scale and zero point [32, 2] for 16 columns in groups of 8; groups of 4 need
+    # [32, 4] each (torchao's own constructor checks it; the error is ours).
+    manifest["quantization"]["config"]["0.weight"]["_data"]["block_size"] = [1, 4]
+    _tamper(reg, manifest)
+    with pytest.raises(QuantizationError, match=r"could not be rebuilt .*shape \[32, 4\]"):
+        reg.pull("q:v1", device="cpu", model=_float)
+    manifest["quantization"]["weight_dtypes"] = ["int4; rm -rf"]
+    _tamper(reg, manifest)
+    with pytest.raises(QuantizationError, match=r"weight_dtypes .*not a list of int1"):
+        reg.pull("q:v1", device="cpu", model=_float)
+
+
 def test_a_recorded_logical_shape_that_is_not_the_data_is_refused(reg: Registry) -> None:
     manifest = _int8(reg)
     manifest["quantization"]["shapes"]["0.weight"] = [32, 8]

@@ -24,6 +24,9 @@ T4 = TorchFacts(cuda=(CudaDevice(0, 2**34, 2**35, (7, 5)),))
     ("int4_weight_only", "cuda:0", A100, True),
     ("int4_weight_only", "cuda:1", A100, False),  # no such GPU
     ("int8_weight_only", "mps", TorchFacts(mps=True), False),
+    ("intx_weight_only", "cpu", TorchFacts(), True),
+    ("intx_weight_only", "cuda:0", T4, True),
+    ("int8_dynamic_activation_intx_weight", "cpu", TorchFacts(), True),
 ])
 def test_torchao_methods_run_where_their_kernels_exist(method: str, device: str,
                                                       facts: TorchFacts, runs: bool) -> None:
