@@ -77,11 +77,19 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 
     The tensors follow each other in the pushed state dict's order (``offset_keys()``), which
     the file's metadata also records, with each module's version, for a push of it."""
+    if files_only and fmt == "hf":
+        raise click.UsageError("--format hf already writes the attached files; pass one")
+    if not (fmt == "hf" or files_only) and os.path.isdir(output):
+        raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
+                               "--format hf / --files to write into a folder")
+    reg = open_registry(ctx)
+    if ref.startswith("oci://"):
+        # An OCI artifact is not in the catalog: it is named by its oci:// ref, fixed to the
+        # manifest its tag names now, so that show and the pull below read the same one.
+        from ..oci.door import pinned
+
+        ref = pinned(ref, reg.settings)
     if fmt == "hf" or files_only:
-        if files_only and fmt == "hf":
-            raise click.UsageError("--format hf already writes the attached files; pass one")
-        reg = open_registry(ctx)
-        # An OCI artifact is not in the catalog: it is named by its oci:// ref as given.
         mv = reg.show(ref)
         source = _source(ref, mv.ref)
         if fmt == "hf":
@@ -92,9 +100,6 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
             count = len(mv.metadata.get("attachments", []))
             click.echo(f"wrote {count} file(s) of {source} to {where}")
         return
-    if os.path.isdir(output):
-        raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
-                               "--format hf / --files to write into a folder")
     from pathlib import Path
 
     import torch
@@ -102,7 +107,6 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
     from ..weights import write_safetensors
 
-    reg = open_registry(ctx)
     mv = reg.show(ref)
     source = _source(ref, mv.ref)
     state = reg.pull_state_dict(source, device=device, dtype=dtype)
@@ -146,9 +150,10 @@ def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
 
 
 def _source(ref: str, shown: str) -> str:
-    """What a command reads after ``show``: an ``oci://`` ref as given (the version it holds
-    is not in this catalog, though a local version may carry the same name), else the version
-    ``show`` resolved (a bare name or an alias fixed to one number for the whole command)."""
+    """What a command reads after ``show``: an ``oci://`` ref as given, pinned to a digest by
+    the caller (the version it holds is not in this catalog, though a local version may carry
+    the same name), else the version ``show`` resolved (a bare name or an alias fixed to one
+    number for the whole command)."""
     return ref if ref.startswith("oci://") else shown
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..cache import BlobCache
 from ..catalog.records import VersionRecord
+from ..digests import sha256_bytes
 from ..errors import OciArtifactError
 from ..settings import Settings
 from ..signing import SignatureStore
@@ -41,6 +43,19 @@ def connect(target: str, settings: Settings, *, plain_http: bool = False) -> Oci
     return OciClient(ref, credential=credential_for(ref.host, settings.oci_auth,
                                                     settings.docker_config),
                      ca_bundle=settings.oci_ca_bundle)
+
+
+def pinned(source: str, settings: Settings, *, plain_http: bool = False) -> str:
+    """``source`` fixed to the manifest its tag names now (``oci://HOST/REPO@sha256:...``), so
+    that the reads of one command (``show`` and then the pull) all see one artifact while the
+    tag moves on. The digest is the sha256 of the manifest's bytes, which every later read by
+    it checks again (``open_artifact``)."""
+    ref = parse_oci_ref(source, plain_http=plain_http)
+    if ref.digest is not None:
+        return source
+    with connect(source, settings, plain_http=plain_http) as client:
+        body, _media_type = client.get_manifest(ref.reference or "latest")
+    return str(dataclasses.replace(ref, tag=None, digest=sha256_bytes(body)))
 
 
 def push(record: VersionRecord, target: str, settings: Settings, blob_path: BlobPath, *,

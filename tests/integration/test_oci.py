@@ -16,6 +16,7 @@ import torch
 import registry
 from registry import Registry
 from registry.files import version_files
+from registry.oci import door as oci_door
 from registry.oci import modelpack
 from registry.oci.refs import check_url, parse_oci_ref
 from tests.helpers import BlockLM, assert_same_state, block_lm, clean_env, run_cli
@@ -169,14 +170,36 @@ def test_import_keeps_the_digests_and_the_cli_round_trips(reg: Registry, oci: Oc
     ref = oci.ref("cli/lm", "v1")
     out = home.parent / "cli-oci.safetensors"
     wrote = run_cli("pull", ref, "-o", str(out), "--device", "cpu", env=env, check=True)
-    assert ref in wrote.stdout
+    # Read by the digest the tag named when the command began: show and pull saw one manifest.
+    pinned = oci_door.pinned(ref, reg.settings)
+    assert pinned.startswith(oci.ref("cli/lm") + "@sha256:") and pinned in wrote.stdout
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
+    with safe_open(str(out), "pt") as fh:
+        assert fh.metadata()["registry.ref"] == pinned
+        assert fh.metadata()["registry.digest"] == mv.digest
     assert_same_state(load_file(out), model.state_dict())
     assert_same_state(reg.pull_state_dict(ref, device="cpu"), model.state_dict())
     shown = json.loads(run_cli("show", ref, "--json", env=env, check=True).stdout)
     assert (shown["name"], shown["version"], shown["digest"]) == ("lm", 1, mv.digest)
     assert sorted(reg.list_models()) == ["lm", "lm-copy"]  # nothing imported
+
+
+def test_a_pinned_ref_keeps_reading_the_artifact_its_tag_named(reg: Registry,
+                                                               oci: OciRegistry) -> None:
+    """``registry pull oci://...:TAG`` pins the tag to a digest before its show and its pull:
+    a tag pushed again meanwhile does not mix two artifacts in one command."""
+    first, second = block_lm(seed=1), block_lm(seed=2)
+    reg.push(first, "lm", shard_size=SHARD)
+    reg.push(second, "lm", shard_size=SHARD)
+    moving = oci.ref("pin/lm", "latest")
+    reg.push_oci("lm:v1", moving)
+    pinned = oci_door.pinned(moving, reg.settings)
+    assert pinned != moving and oci_door.pinned(pinned, reg.settings) == pinned
+    reg.push_oci("lm:v2", moving)  # the tag moves on
+    assert reg.show(pinned).version == 1 and reg.show(moving).version == 2
+    assert_same_state(reg.pull_state_dict(pinned, device="cpu"), first.state_dict())
 
 
 def test_basic_auth_from_the_environment_or_the_docker_config(
