@@ -172,6 +172,13 @@ def _check_torchao(record: Mapping[str, Any]) -> str | None:
         if not isinstance(shape, list) or not all(isinstance(n, int) and 0 <= n < 2**50
                                                   for n in shape):
             return f"has shape {quoted(shape)} for {name!r}"
+    # An intx record names its weights' width; the tensors' own configs must say the same.
+    widths = {c["_data"]["target_dtype"].get("_data") for c in configs.values()
+              if isinstance(c.get("_data"), dict)
+              and isinstance(c["_data"].get("target_dtype"), dict)}
+    if sorted(map(str, widths)) != sorted(record.get("weight_dtypes") or []):
+        return (f"has weight_dtypes {quoted(record.get('weight_dtypes'))} while its tensors "
+                f"are {quoted(sorted(map(str, widths)))}")
     return None
 
 

@@ -97,7 +97,7 @@ def test_int8_components_that_disagree_with_the_block_size_are_refused(reg: Regi
         reg.pull("q:v1", device="cpu", model=_float)
 
 
-def test_int4_zero_points_that_disagree_with_the_group_size_are_refused(
+def test_int4_records_that_disagree_with_their_tensors_are_refused(
         reg: Registry) -> None:
     from torchao.quantization import IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerGroup
@@ -112,9 +112,16 @@ def test_int4_zero_points_that_disagree_with_the_group_size_are_refused(
     _tamper(reg, manifest)
     with pytest.raises(QuantizationError, match=r"could not be rebuilt .*shape \[32, 4\]"):
         reg.pull("q:v1", device="cpu", model=_float)
+    manifest["quantization"]["config"]["0.weight"]["_data"]["block_size"] = [1, 8]
     manifest["quantization"]["weight_dtypes"] = ["int4; rm -rf"]
     _tamper(reg, manifest)
     with pytest.raises(QuantizationError, match=r"weight_dtypes .*not a list of int1"):
+        reg.pull("q:v1", device="cpu", model=_float)
+    # A record whose width is not its tensors' (show would print a width they do not have).
+    manifest["quantization"]["weight_dtypes"] = ["int4"]
+    manifest["quantization"]["config"]["0.weight"]["_data"]["target_dtype"]["_data"] = "int2"
+    _tamper(reg, manifest)
+    with pytest.raises(QuantizationError, match=r"weight_dtypes \['int4'\] while its tensors"):
         reg.pull("q:v1", device="cpu", model=_float)
 
 
