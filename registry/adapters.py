@@ -211,7 +211,7 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     with empty_parameters():
         model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
                                     autocast_adapter_dtype=False)
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules())  # one walk, for the assignment and eval mode
     if not _assign_plain_lora(modules, tensors):
         result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
                                                      low_cpu_mem_usage=True)
@@ -221,10 +221,22 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
                 f"{origin}: the stored adapter tensors do not fit its config on the base "
                 f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push "
                 "the adapter again")
-    model.eval()
+    _eval(modules.values())
     if merge:
         return model.merge_and_unload().eval()
     return model
+
+
+def _eval(modules: Iterable[nn.Module]) -> None:
+    """``eval()`` of a model whose modules are all of ``modules``, touching only those still in
+    training mode: the pulled base already is in eval mode, the wrappers and layers PEFT adds are
+    not. A module with its own ``train`` (DoRA's) is switched by it."""
+    for module in modules:
+        if module.training:
+            if type(module).train is nn.Module.train:
+                module.training = False
+            else:
+                module.train(False)
 
 
 def _assign_plain_lora(modules: Mapping[str, nn.Module],
