@@ -86,8 +86,9 @@ class CountingStore:
         return bytes(data)
 
     def get_to_file(self, key: str, path: Path, *,
-                    progress: Callable[[int], None] | None = None) -> Any:
-        digest = self.inner.get_to_file(key, path, progress=progress)
+                    progress: Callable[[int], None] | None = None,
+                    size: int | None = None) -> Any:
+        digest = self.inner.get_to_file(key, path, progress=progress, size=size)
         self.bytes_read += path.stat().st_size
         return digest
 

@@ -64,6 +64,44 @@ def test_an_adapter_round_trips_over_its_named_base(reg: Registry) -> None:
                                _base()(IDS).logits)
 
 
+def _training(module: torch.nn.Module) -> list[str]:
+    return [name for name, m in module.named_modules() if m.training]
+
+
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+@pytest.mark.parametrize("upcast", [True, False], ids=["fp32-adapter", "bf16-adapter"])
+def test_a_pulled_adapter_keeps_its_dtypes_and_is_in_eval_mode(reg: Registry, dora: bool,
+                                                                upcast: bool) -> None:
+    """Plain LoRA tensors come back in the dtype they were stored in (over a bfloat16 base, PEFT
+    upcasts them to float32 at training unless told not to); DoRA ones, which PEFT loads, as
+    PEFT's own load over the pulled base gives them. Every module of what pull returns is in
+    eval mode, PEFT's layers and wrappers included."""
+    reg.push(_base().to(torch.bfloat16), "gpt2-bf16")
+    torch.manual_seed(1)
+    config = peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True,
+                             init_lora_weights=False, use_dora=dora)
+    tuned = peft.get_peft_model(_base().to(torch.bfloat16), config,
+                                autocast_adapter_dtype=upcast).eval()
+    stored = peft.get_peft_model_state_dict(tuned)
+    assert {t.dtype for t in stored.values()} == {torch.float32 if upcast else torch.bfloat16}
+    mv = reg.push(tuned, "gpt2-bf16-lora", base="gpt2-bf16:v1")
+    want = stored
+    if dora:
+        reference = peft.get_peft_model(reg.pull("gpt2-bf16:v1", device="cpu"), config,
+                                        low_cpu_mem_usage=True)
+        peft.set_peft_model_state_dict(reference, stored, low_cpu_mem_usage=True)
+        want = peft.get_peft_model_state_dict(reference)
+
+    pulled = reg.pull(mv.ref, device="cpu")
+    assert _training(pulled) == []
+    got = peft.get_peft_model_state_dict(pulled)
+    assert set(got) == set(want)
+    for key, tensor in want.items():
+        assert got[key].dtype == tensor.dtype, key
+        torch.testing.assert_close(got[key], tensor, rtol=0, atol=0)
+    assert _training(reg.pull(mv.ref, device="cpu", merge=True)) == []
+
+
 def test_the_base_is_found_by_its_weights(reg: Registry) -> None:
     reg.push(_base(seed=7), "other")
     base_v = reg.push(_base(), "gpt2-tiny")
