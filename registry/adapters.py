@@ -211,8 +211,7 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     with empty_parameters():
         model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
                                     autocast_adapter_dtype=False)
-    modules = dict(model.named_modules())  # one walk, for the assignment and eval mode
-    if not _assign_plain_lora(modules, tensors):
+    if not _assign_plain_lora(dict(model.named_modules()), tensors):
         result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
                                                      low_cpu_mem_usage=True)
         lost = [k for k in result.missing_keys if "lora_" in k]
@@ -221,22 +220,10 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
                 f"{origin}: the stored adapter tensors do not fit its config on the base "
                 f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push "
                 "the adapter again")
-    _eval(modules.values())
+    model.eval()
     if merge:
         return model.merge_and_unload().eval()
     return model
-
-
-def _eval(modules: Iterable[nn.Module]) -> None:
-    """``eval()`` of a model whose modules are all of ``modules``, touching only those still in
-    training mode: the pulled base already is in eval mode, the wrappers and layers PEFT adds are
-    not. A module with its own ``train`` (DoRA's) is switched by it."""
-    for module in modules:
-        if module.training:
-            if type(module).train is nn.Module.train:
-                module.training = False
-            else:
-                module.train(False)
 
 
 def _assign_plain_lora(modules: Mapping[str, nn.Module],
@@ -259,6 +246,11 @@ def _assign_plain_lora(modules: Mapping[str, nn.Module],
         old = holder._parameters.get("weight")
         if old is None or tuple(old.shape) != tuple(tensor.shape):
             return False
+        # On its base layer's device, as PEFT places it: a base spread by a device map holds
+        # layers on several devices, and the adapter was read onto the first one's.
+        weight = getattr(modules.get(f"{owner}.base_layer"), "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.device != tensor.device:
+            tensor = tensor.to(weight.device)
         plan.append((holder, tensor, old.requires_grad))
     # Every LoRA parameter of the model must be one of those assigned.
     lora = {id(p) for name, module in modules.items() for leaf, p in module._parameters.items()

@@ -214,3 +214,26 @@ def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry
                                                      "adapter_model.safetensors"]
     loaded = peft.PeftModel.from_pretrained(_base(), out).eval()
     torch.testing.assert_close(loaded(IDS).logits, tuned(IDS).logits)
+
+
+def test_each_lora_layer_lands_on_its_base_layers_device(reg: Registry) -> None:
+    """A base spread over devices by a device map: the adapter's tensors, read onto the first
+    device, are assigned on the device of the layer each adapts (as PEFT's own load places
+    them). ``meta`` stands in for a second device on this GPU-less machine."""
+    from safetensors.torch import load_file
+
+    from registry.adapters import attach
+    from registry.refs import parse
+
+    reg.push(_base(), "gpt2-tiny")
+    mv = reg.push(_lora(_base()), "gpt2-tiny-lora", base="gpt2-tiny:v1")
+    record = reg.backend.resolve(parse(mv.ref))
+    tensors: dict[str, torch.Tensor] = {}
+    for f in record.manifest["files"]:
+        tensors.update(load_file(reg.backend.blob_path(f["digest"], f["size"])))
+    spread = _base()
+    spread.transformer.h[1].attn.c_attn.to("meta")
+    attached = attach(spread, tensors, record.manifest["adapter"], mv.ref, merge=False)
+    devices = {name: p.device.type for name, p in attached.named_parameters()
+               if ".lora_" in name}
+    assert devices and all((d == "meta") == (".h.1." in n) for n, d in devices.items()), devices
