@@ -55,6 +55,7 @@ LAZY_OWN_IMPORTS: dict[tuple[str, str], tuple[int, str]] = {
     ("registry.cli._context", "registry.client"): (1, "open_registry: Registry needs torch"),
     ("registry.cli.models", "registry.weights"): (1, "pull -o x.safetensors needs torch"),
     ("registry.cli.models", "registry.checkpoints"): (1, "the same command (torch)"),
+    ("registry.cli.models", "registry.oci.door"): (1, "pull oci:// pins its tag (httpx, torch)"),
     ("registry.cli.exports", "registry.exports.service"): (1, "export needs torch"),
     ("registry.cli.exports", "registry.exports.common"): (1, "--input-shape parsing (torch)"),
     ("registry.cli.admin", "registry.catalog.db"): (3, "db upgrade/downgrade/current: alembic"),
