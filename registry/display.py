@@ -67,11 +67,16 @@ def _quantization(q: dict[str, Any]) -> str:
     scheme names its weights' width: ``... intx_weight_only int4 (group sizes 32; ...)``."""
     groups = ", ".join(str(g) for g in q.get("group_sizes", [])) or "-"
     runs = ", ".join(str(d) for d in q.get("devices", [])) or "-"
-    widths = q.get("weight_dtypes")
-    method = f"{q.get('method')} {', '.join(map(str, widths))}" if isinstance(widths, list) \
-        else q.get("method")
-    return (f"{q.get('library')} {q.get('library_version')} {method} "
+    return (f"{q.get('library')} {q.get('library_version')} {quantization_method(q)} "
             f"(group sizes {groups}; runs on {runs})")
+
+
+def quantization_method(q: dict[str, Any]) -> str:
+    """A quantization record's method, with its weights' width where it names one:
+    ``int8_weight_only``, ``intx_weight_only int4``."""
+    widths = q.get("weight_dtypes")
+    return " ".join([str(q.get("method")), *(map(str, widths) if isinstance(widths, list)
+                                              else [])])
 
 
 def _adapter(a: dict[str, Any]) -> str:

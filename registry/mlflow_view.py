@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import manifest as mf
 from .catalog.records import VersionRecord
-from .display import human_bytes, version_table
+from .display import human_bytes, quantization_method, version_table
 from .files import weight_files
 from .manifest import ModelVersion
 
@@ -108,10 +108,8 @@ def version_tags(record: VersionRecord, source: str,
         tags["registry.exports"] = ",".join(export_formats(exports))
     quant, adapter = record.manifest.get("quantization"), record.manifest.get("adapter")
     if isinstance(quant, dict):  # issue 35: the scheme, and the base of an adapter
-        widths = quant.get("weight_dtypes")
-        shown = " ".join([str(quant.get("library")), str(quant.get("method")),
-                          *(map(str, widths) if isinstance(widths, list) else [])])
-        tags["registry.quantization"] = shown[:5000]
+        tags["registry.quantization"] = \
+            f"{quant.get('library')} {quantization_method(quant)}"[:5000]
     if isinstance(adapter, dict) and isinstance(base := adapter.get("base"), dict):
         tags["registry.adapter_base"] = f"{base.get('name')}:v{base.get('version')}"[:5000]
     return tags
