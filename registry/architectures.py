@@ -25,7 +25,7 @@ import logging
 import re
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import torchvision_builders
@@ -284,12 +284,25 @@ def _without_loading_keys(value: Any) -> Any:
     return value
 
 
-def retie(module: nn.Module) -> None:
-    """Tie a filled ``transformers`` model's weights as transformers ties them."""
-    if _comes_from(module, "transformers"):
-        tie = getattr(module, "tie_weights", None)
-        if callable(tie):
-            tie()
+def retie(module: nn.Module, stored: Collection[str] = ()) -> None:
+    """Tie a filled ``transformers`` model's weights as transformers ties them, except two
+    weights the version stores apart (``stored``: the keys filled from tensors of their own,
+    tied aliases not among them). The pushed model held those untied (torchao's ``quantize_``
+    gives a tied ``lm_head`` a quantized weight of its own), so each keeps its stored value;
+    transformers' ``from_pretrained`` does not tie two keys a checkpoint holds apart either."""
+    if not _comes_from(module, "transformers"):
+        return
+    tie = getattr(module, "tie_weights", None)
+    if not callable(tie):
+        return
+    held = {name: p for name, p in module.named_parameters(remove_duplicate=False)
+            if name in stored}
+    tie()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        kept = held.get(name)
+        if kept is not None and p is not kept:
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, leaf, kept)
 
 
 # -- push without a name ------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def module(backend: Backend, settings: Settings, record: VersionRecord, target: 
                  fetch)
     state = scheme.rebuild(built, state, requested)
     mat.fill_module(built, ordered_state(state, manifest), tied, placed.device_of)
-    architectures.retie(built)
+    architectures.retie(built, stored=state.keys() - tied.keys())
     placement.install_hooks(built, placed, align_inputs=target.align_inputs)
     built.registry_ref = ref_text  # type: ignore[assignment]
     return built

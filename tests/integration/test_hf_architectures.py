@@ -123,6 +123,22 @@ def test_pushed_module_is_pulled_without_model(case: str, reg: Registry) -> None
         torch.testing.assert_close(_run(case, pulled), _run(case, model))
 
 
+def test_weights_the_pushed_model_held_apart_stay_apart(reg: Registry) -> None:
+    """GPT-2's config ties lm_head to the embeddings; a model whose lm_head was given a weight
+    of its own (and trained apart) comes back with that weight, not the embeddings' copy."""
+    torch.manual_seed(0)
+    model = _gpt2().eval()
+    model.lm_head.weight = nn.Parameter(torch.randn_like(model.lm_head.weight))
+    version = reg.push(model, "untied")
+    assert version.metadata["source"]["tied"] == {}
+    pulled = reg.pull(version.ref, device="cpu")
+    assert torch.equal(pulled.lm_head.weight, model.lm_head.weight)
+    assert torch.equal(pulled.transformer.wte.weight, model.transformer.wte.weight)
+    assert pulled.lm_head.weight.data_ptr() != pulled.transformer.wte.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(_run("gpt2", pulled), _run("gpt2", model))
+
+
 def test_timm_shape_kwargs_are_recorded(reg: Registry) -> None:
     version = reg.push(_vit(), "vit")
     assert version.metadata["architecture"]["factory_kwargs"] == {

@@ -159,6 +159,31 @@ def test_a_transformers_model_loaded_with_a_quantization_config(reg: Registry,
     torch.testing.assert_close(pulled(ids).logits, model(ids).logits)
 
 
+def test_a_tied_head_quantized_apart_from_its_embeddings_comes_back_quantized(
+        reg: Registry) -> None:
+    """torchao's quantize_ on a model whose config ties lm_head to the embeddings (GPT-2 here;
+    Llama 3.2, Qwen and Gemma too) gives lm_head a quantized weight of its own; the pull keeps
+    it quantized and apart instead of tying the float embeddings back over it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0)).eval()
+    quantize_(model, Int8WeightOnlyConfig())
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor"
+    mv = reg.push(model, "gpt2-int8")
+    pulled = reg.pull(mv.ref, device="cpu")
+    assert type(pulled.lm_head.weight) is type(model.lm_head.weight)
+    assert type(pulled.transformer.wte.weight) is nn.Parameter
+    flat, _ = flatten_tensor_state_dict(model.state_dict())
+    back, _ = flatten_tensor_state_dict(pulled.state_dict())
+    assert set(back) == set(flat)
+    for key, t in flat.items():  # byte-identical components, the embeddings' floats included
+        assert torch.equal(back[key].view(torch.uint8), t.contiguous().view(torch.uint8)), key
+    ids = torch.randint(0, 100, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(pulled(ids).logits, model(ids).logits)
+
+
 # -- devices ---------------------------------------------------------------------------------------
 
 def test_a_device_without_kernels_for_the_scheme_is_refused(
