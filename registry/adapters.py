@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import attachments, safewrite
+from . import attachments, quantized, safewrite
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -131,8 +131,7 @@ def find_base(tensors: Mapping[str, torch.Tensor], candidates: Iterable[Any],
               what: str) -> Any:
     """The first candidate version (newest first) whose stored weights are ``tensors``."""
     for record in candidates:
-        if "adapter" not in record.manifest and "quantization" not in record.manifest \
-                and matches(record.manifest, tensors):
+        if "adapter" not in record.manifest and matches(record.manifest, tensors):
             return record
     raise BaseNotFoundError(
         f"the base model of this adapter ({what}) matches no stored version: push the base "
@@ -148,14 +147,20 @@ def base_of(adapter: Captured, named: Any | None,
         check_targets(adapter.record, {k.rpartition(".")[0] for k in named.manifest["tensors"]},
                       f"{named.name}:v{named.version}")
         return named
-    return find_base(normalize(base_tensors(adapter.base)).tensors, versions(),
+    state = base_tensors(adapter.base)
+    # A quantized base (LoRA over torchao int8, as QLoRA trains): matched in its stored form,
+    # the components torchao's flatten gives, as its own push stored them.
+    flat = quantized.flatten(adapter.base, state)
+    return find_base(normalize(flat.state if flat is not None else state).tensors, versions(),
                      type(adapter.base).__name__)
 
 
 def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], nn.Module],
-         read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool) -> nn.Module:
+         read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool,
+         floats: bool = False) -> nn.Module:
     """An adapter version: its base pulled (``pull_base``, the same pipeline and cache as any
-    pull), its tensors read onto the base's device (``read``) and attached."""
+    pull), its tensors read onto the base's device (``read``) and attached. ``floats``: the
+    pull asked for a float dtype, which dequantizes a quantized base."""
     origin = f"{record.name}:v{record.version}"
     spec = check(record.manifest["adapter"], origin)
     try:
@@ -164,6 +169,15 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
         raise BaseNotFoundError(
             f"the base of {origin} ({spec['base']['name']}@{spec['base']['digest']}) is not "
             "stored: push that base model again, then pull the adapter") from None
+    scheme = base.manifest.get("quantization")
+    if merge and scheme is not None and not floats:
+        # Folding the adapter into quantized weights would quantize them again with a config
+        # the version does not hold (PEFT needs the one transformers loaded them with).
+        raise AdapterError(
+            f"{origin}: merge=True folds the adapter into its base's weights, and its base "
+            f"{base.name}:v{base.version} is quantized ({quoted(scheme.get('method'))}); pull "
+            "with dtype='float32' (or 'bfloat16') and merge=True for a merged float model, or "
+            "without merge for the adapter over the quantized base")
     module = pull_base(base)
     target = next(module.parameters()).device
     return attach(module, read(target), spec, origin, merge=merge)

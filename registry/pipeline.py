@@ -109,7 +109,7 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
         lambda base: module(backend, settings, base, target),
         lambda device: read(backend, settings, record, lambda _k: device, adapters.as_stored,
                             {}),
-        merge=merge)
+        merge=merge, floats=dev.parse_dtype(target.dtype) is not None)
 
 
 def module(backend: Backend, settings: Settings, record: VersionRecord, target: Target,

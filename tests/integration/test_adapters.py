@@ -111,6 +111,52 @@ def test_the_base_is_found_by_its_weights(reg: Registry) -> None:
     assert mv.metadata["adapter"]["base"]["version"] == 1
 
 
+def _int8_llama(seed: int = 0) -> torch.nn.Module:
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=64, vocab_size=100, bos_token_id=0, eos_token_id=0)).eval()
+    quantize_(model, Int8WeightOnlyConfig())
+    return model
+
+
+def test_an_adapter_over_a_quantized_base(reg: Registry) -> None:
+    """LoRA trained over a torchao int8 base, as QLoRA trains over a quantized one: the base is
+    found by its stored (quantized) weights, the pull attaches the adapter to the quantized
+    base, and merging, which would quantize the merged weights again, asks for floats first."""
+    pytest.importorskip("torchao")
+    reg.push(_int8_llama(seed=5), "llama-int8")
+    base_v = reg.push(_int8_llama(), "llama-int8")
+    torch.manual_seed(1)
+    tuned = peft.get_peft_model(_int8_llama(), peft.LoraConfig(
+        r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).eval()
+    layer = tuned.base_model.model.model.layers[0].self_attn.q_proj
+    assert type(layer.base_layer.weight).__name__ == "Int8Tensor"  # LoRA over int8 Linears
+    with torch.no_grad():
+        want = tuned(IDS).logits
+    mv = reg.push(tuned, "llama-int8-chat")  # no base=: found by the weights' digest
+    assert mv.metadata["adapter"]["base"] == {"name": "llama-int8", "version": 2,
+                                              "digest": base_v.digest}
+    assert all("lora_" in key for key in mv.metadata["tensors"])
+
+    pulled = reg.pull(mv.ref, device="cpu")
+    assert isinstance(pulled, peft.PeftModel)
+    layer = pulled.base_model.model.model.layers[0].self_attn.q_proj
+    assert type(layer.base_layer.weight).__name__ == "Int8Tensor"
+    with torch.no_grad():
+        torch.testing.assert_close(pulled(IDS).logits, want)
+
+    with pytest.raises(AdapterError, match=r"llama-int8:v2 is quantized.*dtype='float32'"):
+        reg.pull(mv.ref, device="cpu", merge=True)
+    merged = reg.pull(mv.ref, device="cpu", dtype="float32", merge=True)
+    assert type(merged) is transformers.LlamaForCausalLM
+    assert type(merged.model.layers[0].self_attn.q_proj.weight) is torch.nn.Parameter
+    with torch.no_grad():
+        torch.testing.assert_close(merged(IDS).logits, want, atol=1e-5, rtol=1e-4)
+
+
 def test_an_adapter_without_its_base_in_the_registry_is_refused(reg: Registry) -> None:
     reg.push(_base(seed=3), "gpt2-tiny")
     with pytest.raises(BaseNotFoundError, match="push the base model first"):
