@@ -27,7 +27,7 @@ def version_table(mv: ModelVersion) -> str:
         ("aliases", ", ".join(mv.aliases) or "-"),
         ("tags", ", ".join(f"{k}={v}" for k, v in mv.tags.items()) or "-"),
         ("created", meta.get("created_at", "-")),
-        ("architecture", _architecture(arch)),
+        ("architecture", _architecture(arch, meta.get("adapter"))),
         ("parameters", f"{source.get('params', 0):,}"),
         ("size", human_bytes(int(source.get("size_bytes", 0)))),
         *([("quantization", _quantization(meta["quantization"]))]
@@ -42,7 +42,8 @@ def version_table(mv: ModelVersion) -> str:
         ("wrapping", " > ".join(source.get("wrapping", [])) or "none"),
         ("keep in fp32", ", ".join(source.get("keep_in_fp32", [])) or "-"),
         ("tied", ", ".join(f"{a} -> {k}" for a, k in source.get("tied", {}).items()) or "-"),
-        ("input", _input(source)),
+        ("input", "PEFT model (its adapter only)" if isinstance(meta.get("adapter"), dict)
+         else _input(source)),
         ("torch", str(source.get("torch_version", "-"))),
         ("python", str(source.get("python_version", "-"))),
     ]
@@ -50,7 +51,10 @@ def version_table(mv: ModelVersion) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
-def _architecture(arch: dict[str, Any]) -> str:
+def _architecture(arch: dict[str, Any], adapter: object = None) -> str:
+    if isinstance(adapter, dict):  # pulled over its base, rebuilt from the base's record
+        base = adapter.get("base") or {}
+        return f"its base's ({base.get('name')}:v{base.get('version')})"
     factory = arch.get("factory")
     if factory:
         kwargs = arch.get("factory_kwargs") or {}

@@ -243,6 +243,9 @@ def test_the_cli_shows_the_base_lists_adapters_and_needs_force(reg: Registry, ho
     env = clean_env(home)
     shown = run_cli("show", "lora:v1", env=env, check=True).stdout
     assert "over gpt2-tiny:v1" in shown and "LORA r=4 on c_attn" in shown
+    # Pulled over its base, not "unknown (pull with model=)" nor a bare state dict.
+    assert "architecture  its base's (gpt2-tiny:v1)" in shown
+    assert "input         PEFT model (its adapter only)" in shown
     listing = run_cli("ls", "gpt2-tiny", env=env, check=True).stdout
     assert "adapters:" in listing and "lora:v1" in listing.split("adapters:")[1]
     refused = run_cli("rm", "gpt2-tiny:v1", env=env)
