@@ -131,15 +131,15 @@ def _adapter_rows(b: Bench) -> list[Row]:
                        "the whole state dict that the pull skips. The difference to the base "
                        "alone is PEFT's injection of the LoRA layers (`get_peft_model` on meta "
                        "with init skipped: 10-12 ms of the pull for the 12 Linears at full "
-                       "size, 9 ms, ~0.7 ms a layer, with no prefault running; measured "
-                       "apart), Python on the pulling thread that adds to the base's "
-                       "pull (4 ms) rather than overlapping it, while reading the 806 MB after "
-                       "it (60-70 ms here) is bound by memory bandwidth. The registry's own "
+                       "size, 8-9 ms, ~0.7 ms a layer; measured apart), Python on the pulling "
+                       "thread that adds to the base's pull (4 ms) rather than overlapping it, "
+                       "while reading the 806 MB after it (60-70 ms here) is bound by memory "
+                       "bandwidth. The base's prefault waits until the adapter is attached "
+                       "(prefault.held: its workers took the cores from PEFT's injection, "
+                       "~3 ms of the pull on 2 cores; 1.22x -> 1.16-1.17x). The registry's own "
                        "work around PEFT (resolving the base, reading the 3.9 MB adapter shard, "
-                       "checks, assigning the tensors, eval mode) is 2.2-2.6 ms, 1.7 ms of it "
-                       "the shard's read while the base's prefault workers hold both cores "
-                       "(0.4-0.6 ms without them). The adapter's bytes are read as the base's "
-                       "are.")
+                       "checks, assigning the tensors, eval mode) is about 1.5 ms. The adapter's "
+                       "bytes are read as the base's are.")
 
     lora = peft.get_peft_model_state_dict(tuned)
     tensor_bytes = sum(v.numel() * v.element_size() for v in lora.values())

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import attachments, quantized, safewrite
+from . import attachments, prefault, quantized, safewrite
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -178,9 +178,10 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
             f"{base.name}:v{base.version} is quantized ({quoted(scheme.get('method'))}); pull "
             "with dtype='float32' (or 'bfloat16') and merge=True for a merged float model, or "
             "without merge for the adapter over the quantized base")
-    module = pull_base(base)
-    target = next(module.parameters()).device
-    return attach(module, read(target), spec, origin, merge=merge)
+    with prefault.held():  # PEFT's injection first, then the base's pages (prefault.py)
+        module = pull_base(base)
+        target = next(module.parameters()).device
+        return attach(module, read(target), spec, origin, merge=merge)
 
 
 def as_stored(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:

@@ -198,7 +198,7 @@ def read(backend: Backend, settings: Settings, record: VersionRecord,
             loaded = load_shard(fh, {k: specs[k] for k in shard.tensors}, device_of,
                                 policy, origin=origin, stagings=stagings)
         # Map the shard's pages on other threads while the pull goes on (prefault.py).
-        prefault.start(loaded.values(), settings.prefault_threads)
+        prefault.start_after(loaded.values(), settings.prefault_threads)
         out.update(loaded)
     stagings.finish()
     out = dict(sorted(out.items()))

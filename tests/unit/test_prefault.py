@@ -74,6 +74,28 @@ def test_a_file_out_of_the_page_cache_is_mapped_by_one_worker(tmp_path: Path) ->
     assert cold.numpy().tobytes() == path.read_bytes()
 
 
+def test_a_held_block_starts_its_jobs_when_it_ends_well(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter's pull holds its base's prefault until PEFT has attached the adapter; a
+    failed block starts nothing; a nested block leaves the starting to the outermost."""
+    started: list[list[torch.Tensor]] = []
+    monkeypatch.setattr(prefault, "start", lambda tensors, threads=1: started.append(
+        list(tensors)))
+    a, b = torch.ones(3), torch.zeros(2)
+    with prefault.held():
+        prefault.start_after([a], 2)
+        with prefault.held():
+            prefault.start_after([b], 2)
+        assert started == []
+    assert [[t is a for t in started[0]], [t is b for t in started[1]]] == [[True], [True]]
+    started.clear()
+    with pytest.raises(RuntimeError), prefault.held():
+        prefault.start_after([a], 2)
+        raise RuntimeError("the attach failed")
+    prefault.start_after([b], 2)  # outside any block: at once
+    assert len(started) == 1 and started[0][0] is b
+
+
 def test_no_thread_for_nothing_to_map() -> None:
     assert prefault.start([], threads=2) == []
     assert prefault.start([torch.ones(3)], threads=0) == []
