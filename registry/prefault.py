@@ -157,7 +157,7 @@ def held() -> Iterator[None]:
     """Hold what :func:`start_after` is given in this thread until the block ends well, then
     start it. The block's own Python (attaching an adapter to a base just pulled: PEFT's
     injection of its layers) then has the cores to itself: on a small machine the workers took
-    one from it (~2 ms of a 12-layer adapter's pull on 2 cores), while the pages are first
+    one from it (~3 ms of a 12-layer adapter's pull on 2 cores), while the pages are first
     touched only after the pull returns. A failed block starts nothing."""
     if getattr(_held, "jobs", None) is not None:  # nested: the outermost block starts them
         yield
