@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import attachments, prefault, quantized, safewrite
+from . import attachments, loracopies, prefault, quantized, safewrite
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -222,8 +222,9 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     # LoRA layers are created on meta with their init skipped (metaparams.empty_parameters):
     # the stored tensors replace them all (in their stored dtype, or as PEFT's load casts them),
     # so PEFT's upcast of the new meta parameters to float32 would be undone: it is skipped
-    # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull).
-    with empty_parameters():
+    # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull). PEFT builds one
+    # LoRA layer of each kind and the others are copies of it (loracopies.py).
+    with empty_parameters(), loracopies.copying():
         model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
                                     autocast_adapter_dtype=False)
     if not _assign_plain_lora(dict(model.named_modules()), tensors):
