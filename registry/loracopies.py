@@ -156,6 +156,8 @@ def _copyable_module(module: nn.Module, target: nn.Module, name: str, *, root: b
             or any(vars(cls).get("__slots__") for cls in type(module).__mro__):
         return False
     for key, value in module.__dict__.items():
+        if value is None or type(value) is bool or (type(value) in _MUTABLE and not value):
+            continue  # most of a module's state: flags and empty hook tables
         if key == "_modules":
             for child_name, child in value.items():
                 if root and child_name == "base_layer":
@@ -172,7 +174,7 @@ def _copyable_module(module: nn.Module, target: nn.Module, name: str, *, root: b
             if not _plain({k: v for k, v in value.items() if k != "target_name"}) \
                     or name in _strings(value, skip="target_name"):
                 return False
-        elif not _plain(value) or name in _strings(value):
+        elif value == name if type(value) is str else not _plain(value) or name in _strings(value):
             return False
     return True
 
