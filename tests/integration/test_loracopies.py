@@ -4,8 +4,10 @@ layer wherever a copy could differ."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -55,9 +57,10 @@ CONFIGS: dict[str, tuple[Any, dict[str, Any]]] = {
 }
 
 
-def _inject(base: nn.Module, config: Any, *, copy: bool) -> tuple[Any, int]:
-    """``get_peft_model`` as an adapter's pull calls it, and how many LoRA Linears PEFT built."""
-    built = []
+@contextlib.contextmanager
+def _building() -> Iterator[list[str]]:
+    """The target names of the LoRA Linears PEFT builds (rather than copied) in the block."""
+    built: list[str] = []
     original = LoraLinear.__init__
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -66,16 +69,17 @@ def _inject(base: nn.Module, config: Any, *, copy: bool) -> tuple[Any, int]:
 
     LoraLinear.__init__ = counted  # type: ignore[method-assign]
     try:
-        with empty_parameters():
-            if copy:
-                with loracopies.copying():
-                    model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
-                                                autocast_adapter_dtype=False)
-            else:
-                model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
-                                            autocast_adapter_dtype=False)
+        yield built
     finally:
         LoraLinear.__init__ = original  # type: ignore[method-assign]
+
+
+def _inject(base: nn.Module, config: Any, *, copy: bool) -> tuple[Any, int]:
+    """``get_peft_model`` as an adapter's pull calls it, and how many LoRA Linears PEFT built."""
+    with _building() as built, empty_parameters(), \
+            loracopies.copying() if copy else contextlib.nullcontext():
+        model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
+                                    autocast_adapter_dtype=False)
     return model, len(built)
 
 
@@ -201,18 +205,8 @@ def test_an_adapter_over_a_float_llama_round_trips_with_copied_layers(reg: Regis
     with torch.no_grad():
         want = tuned(IDS).logits
     mv = reg.push(tuned, "llama-tiny-chat", base=f"llama-tiny:v{base_v.version}")
-    built = []
-    original = LoraLinear.__init__
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
-        built.append(kwargs.get("target_name"))
-        original(self, *args, **kwargs)
-
-    LoraLinear.__init__ = counted  # type: ignore[method-assign]
-    try:
+    with _building() as built:
         pulled = reg.pull(mv.ref, device="cpu")
-    finally:
-        LoraLinear.__init__ = original  # type: ignore[method-assign]
     layers = [m for m in pulled.modules() if isinstance(m, LoraLinear)]
     assert len(layers) == 21 and len(built) == 4  # by shape: q=o, k=v, gate=up, down
     assert not any(p.is_meta for p in pulled.parameters())
