@@ -214,6 +214,8 @@ def _plan(module: nn.Module, *, root: bool = True) -> _Plan:
     empty = tuple((key, type(value)) for key, value in state.items()
                   if type(value) in _MUTABLE and not value)
     containers = tuple(key for key, value in state.items() if type(value) in _MUTABLE and value)
+    for key in containers:  # as they are now: PEFT goes on with the layer it built
+        state[key] = _value_copy(state[key])
     return _Plan(type(module), state, empty, containers, params, children)
 
 
