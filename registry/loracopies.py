@@ -29,13 +29,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 # Values a copy may share or copy by value: what a plain PEFT LoRA layer holds besides modules.
 _SCALARS = (type(None), bool, int, float, str, torch.device, torch.dtype)
 _CONTAINERS = (dict, OrderedDict, list, tuple, set)  # OrderedDict: nn.Module's hook tables
 _MUTABLE = (dict, OrderedDict, list, set)
-# Attributes of a plain nn.Linear: a target holding anything more is built by PEFT.
-_LINEAR_STATE = frozenset(nn.Linear(1, 1, device="meta").__dict__)
+# Attributes of a plain nn.Linear (its weight and bias live in _parameters), read from a bare
+# module rather than built at import: anything more on a target is part of its kind.
+_LINEAR_STATE = frozenset(nn.Module().__dict__) | {"in_features", "out_features"}
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -119,9 +121,7 @@ def _plain(value: Any) -> bool:
 def _registration_hooks() -> bool:
     # Modules and parameters a copy holds are never registered: a global registration hook
     # (torch.nn.modules.module.register_module_*_registration_hook) must see PEFT build them.
-    from torch.nn.modules import module
-
-    return any(getattr(module, name, None) for name in (
+    return any(getattr(torch_module, name, None) for name in (
         "_global_module_registration_hooks", "_global_parameter_registration_hooks",
         "_global_buffer_registration_hooks"))
 
