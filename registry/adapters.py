@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import attachments, loracopies, prefault, quantized, safewrite
+from .devices import DtypeRequest, parse_dtype
 from .digests import version_digest
 from .errors import (
     AdapterError,
@@ -159,7 +160,8 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
          read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool,
          floats: bool = False) -> nn.Module:
     """An adapter version: its base pulled (``pull_base``, the same pipeline and cache as any
-    pull), its tensors read onto the base's device (``read``) and attached. ``floats``: the
+    pull), its tensors read onto the base's device (``read``, in the dtypes the pull's rule
+    gives their stored ones, as the base's) and attached. ``floats``: the
     pull asked for a float dtype, which dequantizes a quantized base."""
     origin = f"{record.name}:v{record.version}"
     spec = check(record.manifest["adapter"], origin)
@@ -182,11 +184,6 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
         module = pull_base(base)
         target = next(module.parameters()).device
         return attach(module, read(target), spec, origin, merge=merge)
-
-
-def as_stored(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
-    """Adapter tensors keep their stored dtype."""
-    return stored
 
 
 def base_entry(record: Any) -> dict[str, Any]:
@@ -297,17 +294,23 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
-                     dest_dir: str | os.PathLike[str], origin: str) -> Path:
+                     dest_dir: str | os.PathLike[str], dtype: DtypeRequest, origin: str) -> Path:
     """Write an adapter version as the directory ``PeftModel.from_pretrained`` loads on its
-    base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them)."""
+    base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them),
+    its floats cast to ``dtype`` where one is given ("auto": as stored)."""
     record = check(manifest["adapter"], origin)
+    requested = parse_dtype(dtype)
+
+    def dtype_for(_key: str, stored: torch.dtype, _device: torch.device) -> torch.dtype:
+        return requested if requested is not None and stored.is_floating_point else stored
+
     root = safewrite.folder(Path(dest_dir))  # one level at a time, no link followed out
     tensors: dict[str, torch.Tensor] = {}
     for f in manifest["files"]:
         keys = f.get("tensors", list(manifest["tensors"]))
         with open_blob(f["digest"], f["size"]) as source:  # the very file that was verified
             tensors.update(load_shard(source, {k: manifest["tensors"][k] for k in keys},
-                                      lambda _k: torch.device("cpu"), as_stored, origin=origin))
+                                      lambda _k: torch.device("cpu"), dtype_for, origin=origin))
     with safewrite.replacing(root / ADAPTER_WEIGHTS) as fh:
         write_safetensors({k: t.contiguous() for k, t in tensors.items()}, fh)
     base = record["base"]

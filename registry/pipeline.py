@@ -104,12 +104,15 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
     record = resolve(backend, settings, ref)
     if "adapter" not in record.manifest:
         return module(backend, settings, record, target)
+    # The adapter's floats follow the rule the base's follow: dtype= where given, else what
+    # "auto" makes of their stored dtype on the device (float32 for half precision on the CPU).
+    requested = dev.parse_dtype(target.dtype)
+    policy = mat.DtypePolicy(requested, [], dev.TorchFacts.probe())
     return adapters.pull(
         record, lambda base: resolve(backend, settings, base),
         lambda base: module(backend, settings, base, target),
-        lambda device: read(backend, settings, record, lambda _k: device, adapters.as_stored,
-                            {}),
-        merge=merge, floats=dev.parse_dtype(target.dtype) is not None)
+        lambda device: read(backend, settings, record, lambda _k: device, policy, {}),
+        merge=merge, floats=requested is not None)
 
 
 def module(backend: Backend, settings: Settings, record: VersionRecord, target: Target,

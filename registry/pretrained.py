@@ -68,7 +68,7 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
     shard is copied or cast from the very file ``open_blob`` verified (``Backend.open_blob``),
     never from its path opened again."""
     if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
-        return adapters.write_pretrained(manifest, open_blob, dest_dir, origin)
+        return adapters.write_pretrained(manifest, open_blob, dest_dir, dtype, origin)
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
     # A quantized version: its quantization_config, and the components with torchao's metadata.

@@ -70,36 +70,45 @@ def _training(module: torch.nn.Module) -> list[str]:
 
 @pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
 @pytest.mark.parametrize("upcast", [True, False], ids=["fp32-adapter", "bf16-adapter"])
-def test_a_pulled_adapter_keeps_its_dtypes_and_is_in_eval_mode(reg: Registry, dora: bool,
-                                                                upcast: bool) -> None:
-    """Plain LoRA tensors come back in the dtype they were stored in (over a bfloat16 base, PEFT
-    upcasts them to float32 at training unless told not to); DoRA ones, which PEFT loads, as
-    PEFT's own load over the pulled base gives them. Every module of what pull returns is in
-    eval mode, PEFT's layers and wrappers included."""
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float16"])
+def test_a_pulled_adapters_dtypes_follow_the_pull_and_it_is_in_eval_mode(
+        reg: Registry, dora: bool, upcast: bool, dtype: str) -> None:
+    """The adapter's floats follow the rule its base's follow: ``dtype=`` where given, else
+    what "auto" makes of the stored dtype on the device (on the CPU, half precision becomes
+    float32: a bfloat16 adapter over a bfloat16 base comes back float32 like its base, not
+    half of the model in each). The values are the stored ones, cast; DoRA's, which PEFT
+    loads, as PEFT's own load of those tensors over the pulled base gives them. Every module of
+    what pull returns is in eval mode, PEFT's layers and wrappers included."""
     reg.push(_base().to(torch.bfloat16), "gpt2-bf16")
     torch.manual_seed(1)
     config = peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True,
                              init_lora_weights=False, use_dora=dora)
+    # Over a bfloat16 base, PEFT upcasts the adapter to float32 at training unless told not to.
     tuned = peft.get_peft_model(_base().to(torch.bfloat16), config,
                                 autocast_adapter_dtype=upcast).eval()
     stored = peft.get_peft_model_state_dict(tuned)
     assert {t.dtype for t in stored.values()} == {torch.float32 if upcast else torch.bfloat16}
     mv = reg.push(tuned, "gpt2-bf16-lora", base="gpt2-bf16:v1")
-    want = stored
+    expected = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    want = {k: t.to(expected) for k, t in stored.items()}
     if dora:
-        reference = peft.get_peft_model(reg.pull("gpt2-bf16:v1", device="cpu"), config,
-                                        low_cpu_mem_usage=True)
-        peft.set_peft_model_state_dict(reference, stored, low_cpu_mem_usage=True)
+        reference = peft.get_peft_model(reg.pull("gpt2-bf16:v1", device="cpu", dtype=dtype),
+                                        config, low_cpu_mem_usage=True)
+        peft.set_peft_model_state_dict(reference, want, low_cpu_mem_usage=True)
         want = peft.get_peft_model_state_dict(reference)
 
-    pulled = reg.pull(mv.ref, device="cpu")
+    pulled = reg.pull(mv.ref, device="cpu", dtype=dtype)
     assert _training(pulled) == []
+    assert {p.dtype for n, p in pulled.named_parameters() if ".lora_" not in n} == {expected}
     got = peft.get_peft_model_state_dict(pulled)
     assert set(got) == set(want)
     for key, tensor in want.items():
-        assert got[key].dtype == tensor.dtype, key
+        assert got[key].dtype == tensor.dtype == expected, key
         torch.testing.assert_close(got[key], tensor, rtol=0, atol=0)
-    assert _training(reg.pull(mv.ref, device="cpu", merge=True)) == []
+    pulled(IDS)  # one dtype through the whole model
+    merged = reg.pull(mv.ref, device="cpu", dtype=dtype, merge=True)
+    assert _training(merged) == []
+    assert {p.dtype for p in merged.parameters()} == {expected}
 
 
 def test_the_base_is_found_by_its_weights(reg: Registry) -> None:
@@ -263,6 +272,19 @@ def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry
                                                      "adapter_model.safetensors"]
     loaded = peft.PeftModel.from_pretrained(_base(), out).eval()
     torch.testing.assert_close(loaded(IDS).logits, tuned(IDS).logits)
+
+    # dtype= casts the adapter's floats, as it casts a base's (`pull --format hf --dtype`).
+    from safetensors.torch import load_file
+
+    half = reg.save_pretrained(mv.ref, tmp_path / "half", dtype="bfloat16")
+    written = load_file(half / "adapter_model.safetensors")
+    lora = peft.get_peft_model_state_dict(tuned)
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+    for key, tensor in lora.items():
+        torch.testing.assert_close(written[key], tensor.to(torch.bfloat16), rtol=0, atol=0)
+    loaded = peft.PeftModel.from_pretrained(_base().to(torch.bfloat16), half,
+                                            autocast_adapter_dtype=False)
+    assert {p.dtype for n, p in loaded.named_parameters() if ".lora_" in n} == {torch.bfloat16}
 
 
 def test_each_lora_layer_lands_on_its_base_layers_device(reg: Registry) -> None:
