@@ -19,7 +19,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import attachments, loracopies, prefault, quantized, safewrite
+from . import attachments, loracopies, peftreplay, prefault, quantized, safewrite
 from .devices import DtypeRequest, parse_dtype
 from .digests import version_digest
 from .errors import (
@@ -158,11 +158,13 @@ def base_of(adapter: Captured, named: Any | None,
 
 def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], nn.Module],
          read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool,
-         floats: bool = False) -> nn.Module:
+         floats: bool = False, pulled_as: Hashable | None = None) -> nn.Module:
     """An adapter version: its base pulled (``pull_base``, the same pipeline and cache as any
     pull), its tensors read onto the base's device (``read``, in the dtypes the pull's rule
     gives their stored ones, as the base's) and attached. ``floats``: the
-    pull asked for a float dtype, which dequantizes a quantized base."""
+    pull asked for a float dtype, which dequantizes a quantized base. ``pulled_as``: how the
+    base is pulled (device, dtype...), where that and its version fix its structure: PEFT's
+    attach is then recorded once and replayed (peftreplay.py); None: PEFT attaches each time."""
     origin = f"{record.name}:v{record.version}"
     spec = check(record.manifest["adapter"], origin)
     try:
@@ -183,7 +185,10 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
     with prefault.held():  # PEFT's injection first, then the base's pages (prefault.py)
         module = pull_base(base)
         target = next(module.parameters()).device
-        return attach(module, read(target), spec, origin, merge=merge)
+        replay = None if pulled_as is None else (
+            pulled_as, base.digest, json.dumps(spec["config"], sort_keys=True),
+            torch.get_default_dtype(), torch.get_default_device())
+        return attach(module, read(target), spec, origin, merge=merge, replay=replay)
 
 
 def base_entry(record: Any) -> dict[str, Any]:
@@ -210,20 +215,26 @@ def check_targets(record: Mapping[str, Any], modules: Iterable[str], origin: str
 
 
 def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping[str, Any],
-           origin: str, *, merge: bool) -> nn.Module:
-    """``base`` with the adapter attached (a ``PeftModel``), or merged into it (``merge``)."""
+           origin: str, *, merge: bool, replay: Hashable | None = None) -> nn.Module:
+    """``base`` with the adapter attached (a ``PeftModel``), or merged into it (``merge``).
+    ``replay``: the key under which PEFT's attach is recorded and replayed (peftreplay.py)."""
     import peft
 
     config = _lora_config(record, origin)
     check_targets(record, (name for name, _ in base.named_modules()), origin)
+
     # LoRA layers are created on meta with their init skipped (metaparams.empty_parameters):
     # the stored tensors replace them all (in their stored dtype, or as PEFT's load casts them),
     # so PEFT's upcast of the new meta parameters to float32 would be undone: it is skipped
     # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull). PEFT builds one
     # LoRA layer of each kind and the others are copies of it (loracopies.py).
-    with empty_parameters(), loracopies.copying():
-        model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
-                                    autocast_adapter_dtype=False)
+    def inject(module: nn.Module) -> nn.Module:
+        with empty_parameters(), loracopies.copying():
+            injected: nn.Module = peft.get_peft_model(module, config, low_cpu_mem_usage=True,
+                                                      autocast_adapter_dtype=False)
+        return injected
+
+    model: Any = peftreplay.attached(base, replay, inject)
     if not _assign_plain_lora(dict(model.named_modules()), tensors):
         result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
                                                      low_cpu_mem_usage=True)

@@ -112,7 +112,10 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
         record, lambda base: resolve(backend, settings, base),
         lambda base: module(backend, settings, base, target),
         lambda device: read(backend, settings, record, lambda _k: device, policy, {}),
-        merge=merge, floats=requested is not None)
+        merge=merge, floats=requested is not None,
+        # How the base is pulled, where that alone fixes its structure (peftreplay.py).
+        pulled_as=None if target.model is not None or target.device_map is not None else (
+            target.device, target.dtype, target.align_inputs))
 
 
 def module(backend: Backend, settings: Settings, record: VersionRecord, target: Target,
