@@ -80,7 +80,7 @@ def _create_new_module(lora_config: Any, adapter_name: str, target: nn.Module,
         getattr(_local, "kinds", None)
     name = kwargs.get("target_name")
     if kinds is None or not isinstance(name, str) or not _plain_target(target) \
-            or not _plain(kwargs) or _registration_hooks():
+            or not _plain(kwargs) or registration_hooks():
         return original(lora_config, adapter_name, target, **kwargs)
     rest = {key: value for key, value in kwargs.items() if key != "target_name"}
     weight = target.weight
@@ -106,7 +106,7 @@ def _plain_target(target: nn.Module) -> bool:
             and all(isinstance(value, _SCALARS) for key, value in vars(target).items()
                     if key not in _LINEAR_STATE)
             and type(weight) is nn.Parameter and type(weight.data) is torch.Tensor
-            and not vars(weight) and not _hooked(target))
+            and not vars(weight) and not hooked(target))
 
 
 def _plain(value: Any) -> bool:
@@ -118,15 +118,17 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def _registration_hooks() -> bool:
-    # Modules and parameters a copy holds are never registered: a global registration hook
-    # (torch.nn.modules.module.register_module_*_registration_hook) must see PEFT build them.
+def registration_hooks() -> bool:
+    """Whether a global module, parameter or buffer registration hook is set
+    (``torch.nn.modules.module.register_module_*_registration_hook``): it must see PEFT build
+    every module, which neither a copy nor a replay (peftreplay.py) registers."""
     return any(getattr(torch_module, name, None) for name in (
         "_global_module_registration_hooks", "_global_parameter_registration_hooks",
         "_global_buffer_registration_hooks"))
 
 
-def _hooked(module: nn.Module) -> bool:
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has a hook of any kind."""
     return any(value for key, value in module.__dict__.items()
                if key.endswith("_hooks") or key.endswith("_hooks_with_kwargs")
                or key == "_forward_hooks_always_called")
@@ -152,7 +154,7 @@ def _copyable(layer: nn.Module, target: nn.Module, name: str) -> bool:
 
 def _copyable_module(module: nn.Module, target: nn.Module, name: str, *, root: bool) -> bool:
     # State in slots (not in __dict__) would not be copied; abc.ABC's empty slots hold none.
-    if _hooked(module) or module.__dict__.get("_buffers") \
+    if hooked(module) or module.__dict__.get("_buffers") \
             or any(vars(cls).get("__slots__") for cls in type(module).__mro__):
         return False
     for key, value in module.__dict__.items():

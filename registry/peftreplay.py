@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as torch_module
+
+from .loracopies import hooked, registration_hooks
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
             torch.Size, enum.Enum)
@@ -67,7 +68,7 @@ def attached(base: nn.Module, key: Hashable | None,
 
     The first attach under a key is PEFT's alone (a process that pulls an adapter once pays
     nothing for a recipe); the second is recorded (~5 ms for 12 layers); the later ones replay."""
-    if key is None or _registration_hooks():
+    if key is None or registration_hooks():
         return attach(base)
     with _lock:
         recipe = _recipes.get(key)
@@ -110,18 +111,6 @@ def forget() -> None:
         _recipes.clear()
 
 
-def _registration_hooks() -> bool:
-    return any(getattr(torch_module, name, None) for name in (
-        "_global_module_registration_hooks", "_global_parameter_registration_hooks",
-        "_global_buffer_registration_hooks"))
-
-
-def _hooked(module: nn.Module) -> bool:
-    return any(value for key, value in module.__dict__.items()
-               if key.endswith("_hooks") or key.endswith("_hooks_with_kwargs")
-               or key == "_forward_hooks_always_called")
-
-
 class _Before:
     """The base's state before PEFT: every module at one path, each attribute (containers
     copied), every other object its modules hold (as a value tree), parameters' identity."""
@@ -135,7 +124,7 @@ class _Before:
         self.values: dict[tuple[int, str], Any] = {}
         self.owned: set[int] = set()  # what the base's modules hold besides modules and tensors
         for _, module in self.modules:
-            if _hooked(module) or _slotted(type(module)):
+            if hooked(module) or _slotted(type(module)):
                 raise _Unplayable(f"{type(module).__name__} has hooks or slots")
             state = {}
             for key, value in vars(module).items():
@@ -250,7 +239,7 @@ class _Encoder:
             self.nodes[node[1]].state = node_state
             return node
         if isinstance(value, nn.Module):
-            if _hooked(value) or _slotted(type(value)):
+            if hooked(value) or _slotted(type(value)):
                 raise _Unplayable(f"a new {type(value).__name__} with hooks or slots")
             ref = self._add(value, _Node("module", type(value)))
             self.nodes[ref[1]].state = [(k, self.value(v)) for k, v in vars(value).items()]
@@ -350,7 +339,7 @@ class _Recipe:
             return None
         by_path = dict(modules)
         if len(by_path) != len(modules) or len({id(m) for m in by_path.values()}) != len(modules) \
-                or any(_hooked(m) for m in by_path.values()):
+                or any(hooked(m) for m in by_path.values()):
             return None
         if any(_weights(by_path[path]._modules[name]) != weights
                for path, name, weights in self.targets):
