@@ -20,7 +20,8 @@ a set's iteration order may differ (its hash table is built again).
 
 A recipe is recorded only where replaying it gives what PEFT would give; anything else and PEFT
 attaches every time: a change to the base other than those above (an attribute replaced or
-removed, a hook added, a config mutated, a module moved), a new object of a kind the graph cannot
+removed, a hook added, a config mutated, a module moved, a parameter cast or given an
+attribute), a new object of a kind the graph cannot
 rebuild (a function, a tensor off ``meta``, an object that is not a dataclass, a module with
 hooks or slots), a global module registration hook (which must see every module built), or a
 base unlike the recorded one (its modules' paths, types, hooks and the targets' weights are
@@ -132,6 +133,23 @@ class _Before:
                 if key not in ("_modules", "_parameters", "_buffers"):
                     self.values[id(module), key] = _tree(value, self.owned)
             self.state[id(module)] = state
+        self.tensors = _tensors(self.modules)
+
+
+def _tensors(modules: list[tuple[str, nn.Module]]) -> list[tuple[Any, ...]]:
+    """Each parameter and buffer of ``modules`` as what PEFT could change of it besides
+    ``requires_grad`` (which a recipe sets again): its type, dtype, device, shape, storage and
+    attributes."""
+    return [(id(t), type(t), t.dtype, t.device, tuple(t.shape), _storage(t),
+             tuple(sorted(vars(t))))
+            for _, m in modules for table in (m._parameters, m._buffers)
+            for t in table.values() if t is not None]
+
+
+def _storage(tensor: torch.Tensor) -> int | None:
+    """Where a plain tensor's bytes are (None for a tensor subclass, or on meta)."""
+    data = tensor.data
+    return None if type(data) is not torch.Tensor or data.is_meta else data.data_ptr()
 
 
 def _same(now: Any, was: Any) -> bool:
@@ -288,6 +306,8 @@ def _record(before: _Before, base: nn.Module, model: nn.Module) -> _Recipe:
                 raise _Unplayable(f"something in {path}.{key} changed")
         if old.keys() - now.keys():
             raise _Unplayable(f"attributes of {path!r} removed")
+    if _tensors(before.modules) != before.tensors:
+        raise _Unplayable("a parameter or buffer of the base changed")
     grads = tuple((path, name, p.requires_grad) for path, m in before.modules
                   for name, p in m._parameters.items() if p is not None)
     by_path = dict(before.modules)

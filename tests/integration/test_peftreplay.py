@@ -284,7 +284,8 @@ def _with(change: Callable[[nn.Module], None],
 
 @pytest.mark.parametrize("what", [
     "a hook on the base", "a base attribute replaced", "a config mutated", "a function kept",
-    "a tensor kept", "a base parameter replaced", "a base module moved", "a base's set kept",
+    "a tensor kept", "a base parameter replaced", "a base parameter cast",
+    "a base parameter marked", "a base module moved", "a base's set kept",
     "a base hooked"])
 def test_peft_attaches_every_time_what_a_recipe_cannot_hold(what: str) -> None:
     """Whatever an attach does beyond what a recipe replays is found when it is recorded, and
@@ -304,6 +305,9 @@ def test_peft_attaches_every_time_what_a_recipe_cannot_hold(what: str) -> None:
         "a tensor kept": lambda m: setattr(m.base_model, "scale", torch.ones(2)),
         "a base parameter replaced": lambda m: root(m).lm_head._parameters.__setitem__(
             "weight", nn.Parameter(torch.zeros(100, 32))),
+        "a base parameter cast": lambda m: setattr(root(m).model.norm.weight, "data",
+                                                   root(m).model.norm.weight.data.double()),
+        "a base parameter marked": lambda m: setattr(root(m).lm_head.weight, "tied", True),
         "a base module moved": lambda m: setattr(root(m).model, "norm_again",
                                                  root(m).model.norm),
         "a base's set kept": lambda m: setattr(m.base_model, "keys",
