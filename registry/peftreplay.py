@@ -21,11 +21,10 @@ a set's iteration order may differ (its hash table is built again).
 A recipe is recorded only where replaying it gives what PEFT would give; anything else and PEFT
 attaches every time: a change to the base other than those above (an attribute replaced or
 removed, a hook added, a config mutated, a module moved, a parameter cast or given an
-attribute), a new object of a kind the graph cannot
-rebuild (a function, a tensor off ``meta``, an object that is not a dataclass, a module with
-hooks or slots), a global module registration hook (which must see every module built), or a
-base unlike the recorded one (its modules' paths, types, hooks and the targets' weights are
-checked before each replay).
+attribute), a new object of a kind the graph cannot rebuild (a function, a tensor off ``meta``,
+an object that is not a dataclass, a module with hooks or slots), a global module registration
+hook (which must see every module built), or a base unlike the recorded one (its modules' paths,
+types, hooks and the targets' weights are checked before each replay).
 """
 
 from __future__ import annotations
