@@ -69,9 +69,12 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
               help="hf: a folder transformers' from_pretrained loads (config, weights, files).")
 @click.option("--files", "files_only", is_flag=True,
               help="Write only the files attached to REF (tokenizer, config...) into the folder.")
+@click.option("--merge", is_flag=True,
+              help="An adapter version: write its base's weights with the adapter merged in "
+                   "(without it, an adapter version's file holds the adapter's tensors).")
 @click.pass_context
 def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt: str,
-         files_only: bool) -> None:
+         files_only: bool, merge: bool) -> None:
     """Write the weights of REF to a safetensors file, cast as --device/--dtype would load them;
     or, with --format hf, a from_pretrained folder; or, with --files, its attached files.
 
@@ -79,6 +82,11 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     the file's metadata also records, with each module's version, for a push of it."""
     if files_only and fmt == "hf":
         raise click.UsageError("--format hf already writes the attached files; pass one")
+    if merge and (files_only or fmt == "hf"):
+        raise click.UsageError(
+            "--merge writes the merged weights to a .safetensors file; for a from_pretrained "
+            "folder of the merged model, pull it in Python (registry.pull(REF, merge=True)) "
+            "and call its save_pretrained(DIR)")
     if not (fmt == "hf" or files_only) and os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
                                "--format hf / --files to write into a folder")
@@ -109,11 +117,20 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 
     mv = reg.show(ref)
     source = _source(ref, mv.ref)
-    state = reg.pull_state_dict(source, device=device, dtype=dtype)
-    tensors = {k: v.cpu() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if merge:
+        if "adapter" not in mv.metadata:
+            raise click.UsageError(f"--merge merges an adapter version into its base; {source} "
+                                   "is not an adapter version: pull it without --merge")
+        state = reg.pull(source, device=device, dtype=dtype, merge=True).state_dict()
+    else:
+        state = reg.pull_state_dict(source, device=device, dtype=dtype)
+    tensors = {k: v.cpu().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
     extras = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
     metadata = {"registry.ref": source, "registry.digest": mv.digest,
                 KEY_ORDER_FIELD: json.dumps(list(tensors))}
+    if merge:  # not the version's bytes: its base's, with the adapter merged in
+        base = mv.metadata["adapter"]["base"]
+        metadata["registry.merged_into"] = f"{base['name']}:v{base.get('version')}"
     if getattr(state, "_metadata", None):
         metadata[MODULE_METADATA_FIELD] = json.dumps(state._metadata)
     if extras:

@@ -262,6 +262,46 @@ def test_the_cli_shows_the_base_lists_adapters_and_needs_force(reg: Registry, ho
     run_cli("rm", "gpt2-tiny:v1", "--force", env=env, check=True)
 
 
+def test_the_cli_writes_an_adapter_merged_into_its_base(reg: Registry, home, tmp_path) -> None:
+    """`registry pull ADAPTER --merge -o FILE`: the base's weights with the adapter merged in,
+    what pull(merge=True) gives, loadable into the base model; without --merge, the adapter's
+    own tensors."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from tests.helpers import clean_env, run_cli
+
+    reg.push(_base(), "gpt2-tiny")
+    tuned = _lora(_base())
+    with torch.no_grad():
+        want = tuned(IDS).logits
+    mv = reg.push(tuned, "lora", base="gpt2-tiny:v1")
+    env = clean_env(home)
+    out = tmp_path / "merged.safetensors"
+    run_cli("pull", "lora:v1", "--merge", "-o", str(out), env=env, check=True)
+    merged = load_file(out)
+    expected = reg.pull(mv.ref, device="cpu", merge=True).state_dict()
+    assert list(merged) == list(expected)
+    for key, tensor in expected.items():
+        torch.testing.assert_close(merged[key], tensor, rtol=0, atol=0)
+    with safe_open(out, "pt") as fh:
+        assert fh.metadata()["registry.merged_into"] == "gpt2-tiny:v1"
+    model = _base(seed=7)
+    model.load_state_dict(merged)
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS).logits, want, atol=1e-5, rtol=1e-4)
+
+    adapter_only = tmp_path / "adapter.safetensors"
+    run_cli("pull", "lora:v1", "-o", str(adapter_only), env=env, check=True)
+    assert set(load_file(adapter_only)) == set(mv.metadata["tensors"])
+    refused = run_cli("pull", "gpt2-tiny:v1", "--merge", "-o", str(tmp_path / "x.safetensors"),
+                      env=env)
+    assert refused.returncode != 0 and "not an adapter version" in refused.stderr
+    refused = run_cli("pull", "lora:v1", "--merge", "--format", "hf", "-o", str(tmp_path / "d"),
+                      env=env)
+    assert refused.returncode != 0 and "save_pretrained" in refused.stderr
+
+
 def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry,
                                                                    tmp_path) -> None:
     reg.push(_base(), "gpt2-tiny")
