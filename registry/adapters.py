@@ -161,10 +161,10 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
          floats: bool = False, pulled_as: Hashable | None = None) -> nn.Module:
     """An adapter version: its base pulled (``pull_base``, the same pipeline and cache as any
     pull), its tensors read onto the base's device (``read``, in the dtypes the pull's rule
-    gives their stored ones, as the base's) and attached. ``floats``: the
-    pull asked for a float dtype, which dequantizes a quantized base. ``pulled_as``: how the
-    base is pulled (device, dtype...), where that and its version fix its structure: PEFT's
-    attach is then recorded once and replayed (peftreplay.py); None: PEFT attaches each time."""
+    gives their stored ones, as the base's) and attached. ``floats``: the pull asked for a
+    float dtype, which dequantizes a quantized base. ``pulled_as``: how the base is pulled
+    (device, dtype...), where that and its version fix its structure: PEFT's attach is then
+    recorded once and replayed (peftreplay.py); None: PEFT attaches each time."""
     origin = f"{record.name}:v{record.version}"
     spec = check(record.manifest["adapter"], origin)
     try:
