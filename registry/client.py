@@ -19,7 +19,7 @@ from . import adapters, architectures, attachments, pipeline
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
-from .errors import RefError
+from .errors import AdapterError, RefError
 from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
@@ -189,16 +189,52 @@ class Registry(SignedVersions):
             return attachments.pull_files(record.manifest, open_blob, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
-                        dtype: dev.DtypeRequest = "auto") -> Path:
+                        dtype: dev.DtypeRequest = "auto", *, merge: bool = False) -> Path:
         """Write ``ref`` (``oci://`` included) as a directory ``transformers``'
         ``from_pretrained`` loads: its recorded config, its weights (``dtype`` casts floating
-        tensors) and its attached files."""
+        tensors) and its attached files. An adapter version: PEFT's adapter directory, or with
+        ``merge=True`` its base's directory with the adapter merged into the weights (merged
+        in float32, written in the base's stored dtypes or ``dtype``)."""
+        if merge:
+            return self._merged_pretrained(ref, dest_dir, dtype)
         with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
             root = write_pretrained(record.manifest, open_blob, dest_dir, dtype,
                                     f"{record.name}:v{record.version}")
         if pipeline.is_oci(ref):  # the store's signatures sign its own versions, not this one
             return root
         return self._signed_directory(record, dtype, root)
+
+    def _merged_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
+                           dtype: dev.DtypeRequest) -> Path:
+        if pipeline.is_oci(ref):
+            raise AdapterError(f"merge=True merges an adapter version of this registry into its "
+                               f"base; {ref} is an OCI artifact: import it first "
+                               "(registry oci pull)")
+        record = pipeline.resolve(self._backend, self.settings, ref)
+        origin = f"{record.name}:v{record.version}"
+        if "adapter" not in record.manifest:
+            raise AdapterError(f"{origin} is not an adapter version: merge=True merges an "
+                               f"adapter into its base; call save_pretrained({origin!r}) "
+                               "without merge")
+        spec = adapters.check(record.manifest["adapter"], origin)
+        base = Ref(spec["base"]["name"], digest=spec["base"]["digest"])
+        with pipeline.opened_files(self._backend, self.settings, base) as (stored, open_blob):
+            if "quantization" in stored.manifest:
+                raise AdapterError(
+                    f"{origin}: its base {stored.name}:v{stored.version} is quantized, and a "
+                    "merged directory would hold its weights quantized again with a config the "
+                    "version does not record; pull(ref, dtype='float32', merge=True) gives the "
+                    "merged float model (its save_pretrained writes it)")
+            merged = pipeline.pull(self._backend, self.settings, origin,
+                                   pipeline.Target(device="cpu", dtype="float32"), merge=True)
+            state = merged.state_dict()
+            missing = sorted(set(stored.manifest["tensors"]) - state.keys())
+            if missing:
+                raise AdapterError(f"{origin}: the merged model has no {missing[:3]} that its "
+                                   f"base {stored.name}:v{stored.version} stores; pull it with "
+                                   "merge=True and save it with its own save_pretrained")
+            return write_pretrained(stored.manifest, open_blob, dest_dir, dtype,
+                                    f"{stored.name}:v{stored.version}", weights=state)
 
     def show(self, ref: str | Ref) -> ModelVersion:
         """The version ``ref`` names, with its signatures (listed, not verified); an OCI

@@ -63,10 +63,11 @@ def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, A
 
 def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
-                     origin: str) -> Path:
+                     origin: str, *, weights: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``. Each
     shard is copied or cast from the very file ``open_blob`` verified (``Backend.open_blob``),
-    never from its path opened again."""
+    never from its path opened again. ``weights``: tensors to write instead of the stored ones,
+    by stored key, in the same shards and dtypes (an adapter merged into this base)."""
     if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
         return adapters.write_pretrained(manifest, open_blob, dest_dir, dtype, origin)
     config = transformers_config(manifest, origin)
@@ -96,8 +97,14 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
         return torch.float32 if any(p in f".{key}" for p in keep) else requested
 
     for shard in shards:
-        _write_shard(root / shard.name, shard, open_blob, specs, dtype_of, requested, origin,
-                     file_metadata)
+        if weights is None:
+            _write_shard(root / shard.name, shard, open_blob, specs, dtype_of, requested, origin,
+                         file_metadata)
+            continue
+        with safewrite.replacing(root / shard.name) as fh:
+            write_safetensors({k: weights[k].detach().to(
+                "cpu", dtype_of(k, getattr(torch, specs[k]["dtype"]))).contiguous()
+                for k in shard.tensors}, fh, file_metadata)
     if quant_config is not None:
         config["quantization_config"] = quant_config
     for name, data in _generated(manifest, config, dtype_of).items():

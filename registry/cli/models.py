@@ -71,7 +71,8 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
               help="Write only the files attached to REF (tokenizer, config...) into the folder.")
 @click.option("--merge", is_flag=True,
               help="An adapter version: write its base's weights with the adapter merged in "
-                   "(without it, an adapter version's file holds the adapter's tensors).")
+                   "(with --format hf, the base's from_pretrained folder so merged; without "
+                   "--merge, an adapter version's file holds the adapter's tensors).")
 @click.pass_context
 def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt: str,
          files_only: bool, merge: bool) -> None:
@@ -82,11 +83,9 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
     the file's metadata also records, with each module's version, for a push of it."""
     if files_only and fmt == "hf":
         raise click.UsageError("--format hf already writes the attached files; pass one")
-    if merge and (files_only or fmt == "hf"):
-        raise click.UsageError(
-            "--merge writes the merged weights to a .safetensors file; for a from_pretrained "
-            "folder of the merged model, pull it in Python (registry.pull(REF, merge=True)) "
-            "and call its save_pretrained(DIR)")
+    if merge and files_only:
+        raise click.UsageError("--merge writes weights and --files the attached files: pass "
+                               "one (--format hf --merge writes both, the weights merged)")
     if not (fmt == "hf" or files_only) and os.path.isdir(output):
         raise click.UsageError(f"-o {output} is a folder: pass a .safetensors file to write, or "
                                "--format hf / --files to write into a folder")
@@ -101,8 +100,9 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
         mv = reg.show(ref)
         source = _source(ref, mv.ref)
         if fmt == "hf":
-            where = reg.save_pretrained(source, output, dtype)
-            click.echo(f"wrote {source} as a from_pretrained folder to {where}")
+            where = reg.save_pretrained(source, output, dtype, merge=merge)
+            what = "merged into its base " if merge else ""
+            click.echo(f"wrote {source} {what}as a from_pretrained folder to {where}")
         else:
             where = reg.pull_files(source, output)
             count = len(mv.metadata.get("attachments", []))

@@ -297,9 +297,52 @@ def test_the_cli_writes_an_adapter_merged_into_its_base(reg: Registry, home, tmp
     refused = run_cli("pull", "gpt2-tiny:v1", "--merge", "-o", str(tmp_path / "x.safetensors"),
                       env=env)
     assert refused.returncode != 0 and "not an adapter version" in refused.stderr
-    refused = run_cli("pull", "lora:v1", "--merge", "--format", "hf", "-o", str(tmp_path / "d"),
+    refused = run_cli("pull", "lora:v1", "--merge", "--files", "-o", str(tmp_path / "d"),
                       env=env)
-    assert refused.returncode != 0 and "save_pretrained" in refused.stderr
+    assert refused.returncode != 0 and "--files" in refused.stderr
+    folder = tmp_path / "merged"
+    run_cli("pull", "lora:v1", "--merge", "--format", "hf", "-o", str(folder), env=env,
+            check=True)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, want, atol=1e-5, rtol=1e-4)
+
+
+def test_save_pretrained_merges_an_adapter_into_its_bases_directory(reg: Registry,
+                                                                    tmp_path) -> None:
+    """save_pretrained(adapter, merge=True): the base's from_pretrained directory (its config,
+    its shards, its attached files) with the adapter merged into the weights, in float32, then
+    written in the base's stored dtypes or dtype=; transformers loads it as a plain model."""
+    from safetensors.torch import load_file
+
+    base = _base().to(torch.bfloat16)
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    (base_dir / "tokenizer_config.json").write_text('{"model_max_length": 64}\n')
+    reg.push(str(base_dir), "gpt2-bf16")
+    torch.manual_seed(1)
+    tuned = peft.get_peft_model(_base().to(torch.bfloat16), peft.LoraConfig(
+        r=4, target_modules=["c_attn"], fan_in_fan_out=True, init_lora_weights=False)).eval()
+    mv = reg.push(tuned, "lora", base="gpt2-bf16:v1")
+
+    out = reg.save_pretrained(mv.ref, tmp_path / "merged", merge=True)
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= \
+        {p.name for p in out.iterdir()}
+    written = load_file(out / "model.safetensors")
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}  # as the base stores them
+    merged = reg.pull(mv.ref, device="cpu", dtype="float32", merge=True).state_dict()
+    for key, tensor in written.items():
+        torch.testing.assert_close(tensor, merged[key].to(torch.bfloat16), rtol=0, atol=0)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    with torch.no_grad():
+        want = tuned.merge_and_unload()(IDS).logits.float()
+        torch.testing.assert_close(loaded(IDS).logits.float(), want, atol=0.05, rtol=0.05)
+    as_float = reg.save_pretrained(mv.ref, tmp_path / "float32", "float32", merge=True)
+    assert {t.dtype for t in load_file(as_float / "model.safetensors").values()} == \
+        {torch.float32}
+
+    with pytest.raises(AdapterError, match=r"gpt2-bf16:v1 is not an adapter version"):
+        reg.save_pretrained("gpt2-bf16:v1", tmp_path / "no", merge=True)
 
 
 def test_save_pretrained_of_an_adapter_is_a_peft_adapter_directory(reg: Registry,
