@@ -193,8 +193,8 @@ class Registry(SignedVersions):
         """Write ``ref`` (``oci://`` included) as a directory ``transformers``'
         ``from_pretrained`` loads: its recorded config, its weights (``dtype`` casts floating
         tensors) and its attached files. An adapter version: PEFT's adapter directory, or with
-        ``merge=True`` its base's directory with the adapter merged into the weights (merged
-        in float32, written in the base's stored dtypes or ``dtype``)."""
+        ``merge=True`` its base's directory with the adapter merged into the weights (pulled on
+        the CPU in the base's stored dtype, or ``dtype``, and merged there by PEFT)."""
         if merge:
             return self._merged_pretrained(ref, dest_dir, dtype)
         with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
@@ -225,8 +225,14 @@ class Registry(SignedVersions):
                     "merged directory would hold its weights quantized again with a config the "
                     "version does not record; pull(ref, dtype='float32', merge=True) gives the "
                     "merged float model (its save_pretrained writes it)")
+            # Merged in the dtype it is written in (the base's, when its floats share one):
+            # float32 would double a bfloat16 base's memory for a rounding PEFT's merge avoids.
+            floats = {t["dtype"] for t in stored.manifest["tensors"].values()
+                      if getattr(torch, t["dtype"]).is_floating_point}
+            merge_dtype = dtype if dev.parse_dtype(dtype) is not None else (
+                floats.pop() if len(floats) == 1 else "float32")
             merged = pipeline.pull(self._backend, self.settings, origin,
-                                   pipeline.Target(device="cpu", dtype="float32"), merge=True)
+                                   pipeline.Target(device="cpu", dtype=merge_dtype), merge=True)
             state = merged.state_dict()
             missing = sorted(set(stored.manifest["tensors"]) - state.keys())
             if missing:

@@ -311,8 +311,9 @@ def test_the_cli_writes_an_adapter_merged_into_its_base(reg: Registry, home, tmp
 def test_save_pretrained_merges_an_adapter_into_its_bases_directory(reg: Registry,
                                                                     tmp_path) -> None:
     """save_pretrained(adapter, merge=True): the base's from_pretrained directory (its config,
-    its shards, its attached files) with the adapter merged into the weights, in float32, then
-    written in the base's stored dtypes or dtype=; transformers loads it as a plain model."""
+    its shards, its attached files) with the adapter merged into the weights in the base's
+    stored dtype (or dtype=), as pull(merge=True) merges them; transformers loads it as a plain
+    model."""
     from safetensors.torch import load_file
 
     base = _base().to(torch.bfloat16)
@@ -330,16 +331,19 @@ def test_save_pretrained_merges_an_adapter_into_its_bases_directory(reg: Registr
         {p.name for p in out.iterdir()}
     written = load_file(out / "model.safetensors")
     assert {t.dtype for t in written.values()} == {torch.bfloat16}  # as the base stores them
-    merged = reg.pull(mv.ref, device="cpu", dtype="float32", merge=True).state_dict()
+    merged = reg.pull(mv.ref, device="cpu", dtype="bfloat16", merge=True).state_dict()
     for key, tensor in written.items():
-        torch.testing.assert_close(tensor, merged[key].to(torch.bfloat16), rtol=0, atol=0)
+        torch.testing.assert_close(tensor, merged[key], rtol=0, atol=0)
     loaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     with torch.no_grad():
         want = tuned.merge_and_unload()(IDS).logits.float()
         torch.testing.assert_close(loaded(IDS).logits.float(), want, atol=0.05, rtol=0.05)
     as_float = reg.save_pretrained(mv.ref, tmp_path / "float32", "float32", merge=True)
-    assert {t.dtype for t in load_file(as_float / "model.safetensors").values()} == \
-        {torch.float32}
+    written = load_file(as_float / "model.safetensors")
+    merged = reg.pull(mv.ref, device="cpu", dtype="float32", merge=True).state_dict()
+    assert {t.dtype for t in written.values()} == {torch.float32}
+    for key, tensor in written.items():
+        torch.testing.assert_close(tensor, merged[key], rtol=0, atol=0)
 
     with pytest.raises(AdapterError, match=r"gpt2-bf16:v1 is not an adapter version"):
         reg.save_pretrained("gpt2-bf16:v1", tmp_path / "no", merge=True)
