@@ -78,9 +78,9 @@ def pull_files(ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
 
 
 def save_pretrained(ref: str | Ref, dest_dir: str | os.PathLike[str],
-                    dtype: DtypeRequest = "auto") -> Path:
+                    dtype: DtypeRequest = "auto", *, merge: bool = False) -> Path:
     """Write ``ref`` as a from_pretrained directory; see :meth:`Registry.save_pretrained`."""
-    return default_registry().save_pretrained(ref, dest_dir, dtype)
+    return default_registry().save_pretrained(ref, dest_dir, dtype, merge=merge)
 
 
 def pull_state_dict(ref: str | Ref, *, device: DeviceRequest = "auto",
