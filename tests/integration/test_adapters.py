@@ -131,7 +131,7 @@ def _int8_llama(seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def test_an_adapter_over_a_quantized_base(reg: Registry) -> None:
+def test_an_adapter_over_a_quantized_base(reg: Registry, tmp_path) -> None:
     """LoRA trained over a torchao int8 base, as QLoRA trains over a quantized one: the base is
     found by its stored (quantized) weights, the pull attaches the adapter to the quantized
     base, and merging, which would quantize the merged weights again, asks for floats first."""
@@ -164,6 +164,10 @@ def test_an_adapter_over_a_quantized_base(reg: Registry) -> None:
     assert type(merged.model.layers[0].self_attn.q_proj.weight) is torch.nn.Parameter
     with torch.no_grad():
         torch.testing.assert_close(merged(IDS).logits, want, atol=1e-5, rtol=1e-4)
+    # A merged from_pretrained directory would quantize the merged weights again: refused.
+    with pytest.raises(AdapterError, match=r"llama-int8:v2 is quantized.*dtype='float32'"):
+        reg.save_pretrained(mv.ref, tmp_path / "merged", merge=True)
+    assert not (tmp_path / "merged").exists()
 
 
 def test_an_adapter_without_its_base_in_the_registry_is_refused(reg: Registry) -> None:
