@@ -220,15 +220,15 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     ``replay``: the key under which PEFT's attach is recorded and replayed (peftreplay.py)."""
     import peft
 
-    config = _lora_config(record, origin)
-    check_targets(record, (name for name, _ in base.named_modules()), origin)
+    check_targets(record, (name for name, _ in base.named_modules()), origin)  # config checked
 
     # LoRA layers are created on meta with their init skipped (metaparams.empty_parameters):
     # the stored tensors replace them all (in their stored dtype, or as PEFT's load casts them),
     # so PEFT's upcast of the new meta parameters to float32 would be undone: it is skipped
     # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull). PEFT builds one
     # LoRA layer of each kind and the others are copies of it (loracopies.py).
-    def inject(module: nn.Module) -> nn.Module:
+    def inject(module: nn.Module) -> nn.Module:  # PEFT's attach, where it is not replayed
+        config = _lora_config(record, origin)
         with empty_parameters(), loracopies.copying():
             injected: nn.Module = peft.get_peft_model(module, config, low_cpu_mem_usage=True,
                                                       autocast_adapter_dtype=False)

@@ -127,6 +127,12 @@ def registration_hooks() -> bool:
         "_global_buffer_registration_hooks"))
 
 
+def slotted(cls: type) -> bool:
+    """Whether instances of ``cls`` keep state in slots (which a copy of ``__dict__`` misses);
+    abc.ABC's empty slots hold none."""
+    return any(vars(c).get("__slots__") for c in cls.__mro__)
+
+
 def hooked(module: nn.Module) -> bool:
     """Whether ``module`` has a hook of any kind."""
     return any(value for key, value in module.__dict__.items()
@@ -155,7 +161,7 @@ def _copyable(layer: nn.Module, target: nn.Module, name: str) -> bool:
 def _copyable_module(module: nn.Module, target: nn.Module, name: str, *, root: bool) -> bool:
     # State in slots (not in __dict__) would not be copied; abc.ABC's empty slots hold none.
     if hooked(module) or module.__dict__.get("_buffers") \
-            or any(vars(cls).get("__slots__") for cls in type(module).__mro__):
+            or slotted(type(module)):
         return False
     for key, value in module.__dict__.items():
         if value is None or type(value) is bool or (type(value) in _MUTABLE and not value):

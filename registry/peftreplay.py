@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .loracopies import hooked, registration_hooks
+from .loracopies import hooked, registration_hooks, slotted
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
             torch.Size, enum.Enum)
@@ -124,7 +124,7 @@ class _Before:
         self.values: dict[tuple[int, str], Any] = {}
         self.owned: set[int] = set()  # what the base's modules hold besides modules and tensors
         for _, module in self.modules:
-            if hooked(module) or _slotted(type(module)):
+            if hooked(module) or slotted(type(module)):
                 raise _Unplayable(f"{type(module).__name__} has hooks or slots")
             state = {}
             for key, value in vars(module).items():
@@ -160,10 +160,6 @@ def _same(now: Any, was: Any) -> bool:
     if isinstance(now, dict):
         return all(a is b and now[a] is was[b] for a, b in zip(now, was, strict=True))
     return all(a is b for a, b in zip(now, was, strict=True))
-
-
-def _slotted(cls: type) -> bool:
-    return any(vars(c).get("__slots__") for c in cls.__mro__)
 
 
 def _tree(value: Any, owned: set[int], seen: frozenset[int] = frozenset()) -> Any:
@@ -256,13 +252,13 @@ class _Encoder:
             self.nodes[node[1]].state = node_state
             return node
         if isinstance(value, nn.Module):
-            if hooked(value) or _slotted(type(value)):
+            if hooked(value) or slotted(type(value)):
                 raise _Unplayable(f"a new {type(value).__name__} with hooks or slots")
             ref = self._add(value, _Node("module", type(value)))
             self.nodes[ref[1]].state = [(k, self.value(v)) for k, v in vars(value).items()]
             return ref
         if dataclasses.is_dataclass(value) and not isinstance(value, type) \
-                and not _slotted(type(value)):
+                and not slotted(type(value)):
             ref = self._add(value, _Node("object", type(value)))
             self.nodes[ref[1]].state = [(k, self.value(v)) for k, v in vars(value).items()]
             return ref
@@ -357,7 +353,7 @@ class _Recipe:
                 for (path, m), (p, t) in zip(modules, self.shape, strict=True)):
             return None
         by_path = dict(modules)
-        if len(by_path) != len(modules) or len({id(m) for m in by_path.values()}) != len(modules) \
+        if len({id(m) for m in by_path.values()}) != len(modules) \
                 or any(hooked(m) for m in by_path.values()):
             return None
         if any(_weights(by_path[path]._modules[name]) != weights
