@@ -21,21 +21,20 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import boundedjson, safewrite
-from .checkpoints import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .digests import HashingWriter
 from .errors import CheckpointError, NormalizationError
-from .files import MAX_FILE_BYTES, StagedFile, VersionFile, attached_files, check_file_name
+from .files import (
+    MAX_FILE_BYTES,
+    StagedFile,
+    VersionFile,
+    attached_files,
+    check_file_name,
+    is_weights_name,
+)
 
-WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
 _CHUNK = 1024 * 1024
 # Files HF tooling leaves in a model directory that do not belong to the model.
 _SKIPPED_DIRS = {"__pycache__"}
-
-
-def is_weights_name(name: str) -> bool:
-    """Whether ``name`` is a weights file or a shard index (stored through normalization)."""
-    base = name.rsplit("/", 1)[-1]
-    return base in INDEX_FILES or base.lower().endswith(WEIGHT_SUFFIXES)
 
 
 def collect(model: object, files: Mapping[str, str | os.PathLike[str]] | None

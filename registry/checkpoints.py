@@ -20,10 +20,9 @@ import torch
 from . import boundedjson
 from .devices import device_sort_key
 from .errors import CheckpointError, UnsafeCheckpointError
+from .files import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from .statedict import ModuleMetadata, clean_module_metadata, module_metadata_of
 
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-SAFETENSORS_SUFFIX = ".safetensors"
 # Where training loops put the weights inside a dict checkpoint, in the order we look.
 NESTED_WEIGHT_KEYS = ("state_dict", "model_state_dict", "model", "module")
 
@@ -199,7 +198,6 @@ def _has_tensors(mapping: Mapping[Any, Any]) -> bool:
 
 # -- directories ------------------------------------------------------------------------------
 
-INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 MAX_INDEX_BYTES = 64 * 2**20
 
 

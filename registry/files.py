@@ -33,6 +33,13 @@ ROLES: tuple[str, ...] = ("weights", "file")
 # The largest file attached to a version (registry/attachments.py; a server refuses more).
 MAX_FILE_BYTES = 100 * 2**20
 
+# Weights files and shard indexes: a push normalizes them (registry/checkpoints.py), never
+# stores them as attached files.
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+SAFETENSORS_SUFFIX = ".safetensors"
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_SUFFIXES = (SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES)
+
 _PART_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}")
 MAX_NAME_PARTS = 8
 MAX_NAME_CHARS = 255
@@ -50,6 +57,12 @@ def check_file_name(name: object) -> str:
     shown = repr(name)[:120] if isinstance(name, str) else type(name).__name__
     raise RefError(f"invalid file name {shown}: use a relative path of up to {MAX_NAME_PARTS} "
                    "parts of letters, digits, '.', '_', '+' or '-', not starting with '.'")
+
+
+def is_weights_name(name: str) -> bool:
+    """Whether ``name`` is a weights file or a shard index (stored through normalization)."""
+    base = name.rsplit("/", 1)[-1]
+    return base in INDEX_FILES or base.lower().endswith(WEIGHT_SUFFIXES)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """A ``from_pretrained`` directory from a stored version.
 
-:func:`write_pretrained` writes what ``transformers`` loads: ``config.json`` from the config the
+:func:`write_pretrained` writes what ``transformers`` loads, the files
+:func:`registry.pretrained_files.listing` lists (the one list the signature and the Hub door
+use too): ``config.json`` from the config the
 version recorded (its ``dtype`` set to what the weights are written in), ``model.safetensors`` or,
 when the version has several shards, the same shards under Hugging Face's names plus
 ``model.safetensors.index.json``, and every attached file (the tokenizer, the model card). The
@@ -18,11 +20,9 @@ into a folder that already holds ``model*.safetensors`` files replaces them, so 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -32,14 +32,12 @@ import torch
 from . import adapters, attachments, quantized, safewrite
 from . import devices as dev
 from .errors import ArchitectureUnknownError, QuantizationError
-from .files import VersionFile, attached_files, weight_files
+from .files import VersionFile
+from .normalize import dtype_name
+from .pretrained_files import listing, written_dtype
 from .schemes import COMPRESSED_TENSORS, TORCHAO, Checked
-from .signing.oms import IGNORED_PATHS
 from .weights import load_shard, write_safetensors
 
-INDEX_NAME = "model.safetensors.index.json"
-CONFIG_NAME = "config.json"
-GENERATION_CONFIG_NAME = "generation_config.json"
 # safetensors weights a previous write may have left: transformers loads a ``model.safetensors``
 # before an index, so one left beside new shards would be loaded instead of them. Other files
 # (a ``pytorch_model.bin``, which transformers reads only without safetensors) are left alone.
@@ -64,105 +62,49 @@ def transformers_config(manifest: Mapping[str, Any], origin: str) -> dict[str, A
 def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest,
                      origin: str, *, weights: Mapping[str, torch.Tensor] | None = None) -> Path:
-    """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``. Each
-    shard is copied or cast from the very file ``open_blob`` verified (``Backend.open_blob``),
-    never from its path opened again. ``weights``: tensors to write instead of the stored ones,
-    by stored key, in the same shards and dtypes (an adapter merged into this base)."""
+    """Write the from_pretrained directory of a (checked) manifest into ``dest_dir``: the
+    files :func:`registry.pretrained_files.listing` lists. Each shard is copied or cast from
+    the very file ``open_blob`` verified (``Backend.open_blob``), never from its path opened
+    again. ``weights``: tensors to write instead of the stored ones, by stored key, in the same
+    shards and dtypes (an adapter merged into this base)."""
     if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
         return adapters.write_pretrained(manifest, open_blob, dest_dir, dtype, origin)
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
     # A quantized version: its quantization_config, and the components with torchao's metadata.
     quant_config, file_metadata = _quantized_parts(manifest, requested, origin)
-    arch = manifest["architecture"]
-    shards = weight_files(manifest)
-    names = [f.name for f in shards]
-    ours = {CONFIG_NAME, INDEX_NAME, *names}
-    generation = arch.get("generation_config")
-    if isinstance(generation, dict):
-        ours.add(GENERATION_CONFIG_NAME)
+    if quant_config is not None:
+        config["quantization_config"] = quant_config
+    files = listing(manifest, dtype=None if requested is None else dtype_name(requested),
+                    config=config)
+    attached = {f.name for f in files if f.blob is not None and f.blob.role == "file"}
+    names = {f.name for f in files if f.blob is not None and f.blob.role == "weights"}
 
     root = attachments.pull_files(manifest, open_blob, dest_dir,
-                                  skip=lambda n: n in ours or attachments.is_weights_name(n))
+                                  skip=lambda n: n not in attached)
     for stale in root.iterdir():
         if _STALE.fullmatch(stale.name) and stale.name not in names and stale.is_file():
             stale.unlink()
 
     specs = manifest["tensors"]
-    keep = [f".{p}." for p in manifest["source"].get("keep_in_fp32", [])]
 
     def dtype_of(key: str, stored: torch.dtype) -> torch.dtype:
-        if requested is None or not stored.is_floating_point:
-            return stored
-        return torch.float32 if any(p in f".{key}" for p in keep) else requested
+        name = written_dtype(manifest, key, None if requested is None else dtype_name(requested))
+        return stored if name == dtype_name(stored) else getattr(torch, name)
 
-    for shard in shards:
-        if weights is None:
+    for f in files:
+        shard = f.blob
+        if f.data is not None:
+            attachments.write_bytes(root / f.name, f.data)
+        elif shard is not None and shard.role == "weights" and weights is None:
             _write_shard(root / shard.name, shard, open_blob, specs, dtype_of, requested, origin,
                          file_metadata)
-            continue
-        with safewrite.replacing(root / shard.name) as fh:
-            write_safetensors({k: weights[k].detach().to(
-                "cpu", dtype_of(k, getattr(torch, specs[k]["dtype"]))).contiguous()
-                for k in shard.tensors}, fh, file_metadata)
-    if quant_config is not None:
-        config["quantization_config"] = quant_config
-    for name, data in _generated(manifest, config, dtype_of).items():
-        attachments.write_bytes(root / name, data)
+        elif shard is not None and shard.role == "weights":
+            with safewrite.replacing(root / shard.name) as fh:
+                write_safetensors({k: weights[k].detach().to(
+                    "cpu", dtype_of(k, getattr(torch, specs[k]["dtype"]))).contiguous()
+                    for k in shard.tensors}, fh, file_metadata)
     return root
-
-
-def _generated(manifest: Mapping[str, Any], config: dict[str, Any],
-               dtype_of: Callable[[str, torch.dtype], torch.dtype]) -> dict[str, bytes]:
-    """The files written from what the version recorded: its config, the shard index, its
-    generation config."""
-    arch = manifest["architecture"]
-    specs = manifest["tensors"]
-    shards = weight_files(manifest)
-    out: dict[str, bytes] = {}
-    recorded_class = str(arch.get("class", ""))
-    if not config.get("architectures") and recorded_class.startswith("transformers:"):
-        # As transformers' save_pretrained does for a model built from a bare config.
-        config["architectures"] = [recorded_class.removeprefix("transformers:")]
-    written = {k: dtype_of(k, getattr(torch, s["dtype"])) for k, s in specs.items()}
-    floating = Counter(str(d).removeprefix("torch.") for d in written.values()
-                       if d.is_floating_point)
-    if floating:
-        label = floating.most_common(1)[0][0]
-        config["dtype"] = label
-        if "torch_dtype" in config:
-            config["torch_dtype"] = label
-    if len(shards) > 1:
-        total = sum(_numel(specs[k]["shape"]) * written[k].itemsize for k in specs)
-        index = {"metadata": {"total_size": total},
-                 "weight_map": {k: s.name for s in shards for k in sorted(s.tensors)}}
-        out[INDEX_NAME] = _json(index)
-    out[CONFIG_NAME] = _json(config)
-    generation = arch.get("generation_config")
-    if isinstance(generation, dict):
-        out[GENERATION_CONFIG_NAME] = _json(generation)
-    return out
-
-
-def planned_files(manifest: Mapping[str, Any]) -> dict[str, str] | None:
-    """name -> sha256 hex of every file :func:`write_pretrained` writes with ``dtype="auto"``
-    (stored shards, generated configs, attached files), computed from the manifest alone; None
-    for a version that records no transformers config. A signature over these is the
-    ``model.sig`` of that directory."""
-    arch = manifest.get("architecture") or {}
-    if arch.get("kind") != "transformers" or not isinstance(arch.get("config"), dict):
-        return None
-    if "quantization" in manifest or "adapter" in manifest:
-        return None  # their directories are rewritten (torchao metadata) or PEFT's own layout
-    shards = weight_files(manifest)
-    out = {f.name: f.digest[7:] for f in shards}
-    generated = _generated(manifest, dict(arch["config"]), lambda _k, stored: stored)
-    out.update({name: hashlib.sha256(data).hexdigest() for name, data in generated.items()})
-    for f in attached_files(manifest):
-        if f.name not in out and not attachments.is_weights_name(f.name) \
-                and f.name not in IGNORED_PATHS:
-            out[f.name] = f.digest[7:]
-    return out
 
 
 def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
@@ -207,14 +149,3 @@ def _write_shard(target: Path, shard: VersionFile, open_blob: Callable[[str, int
                              lambda k, stored, _d: dtype_of(k, stored), origin=origin)
     with safewrite.replacing(target) as fh:
         write_safetensors({k: t.contiguous() for k, t in tensors.items()}, fh, metadata)
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _json(data: object) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import devices as dev
 from ..manifest import ModelVersion
-from ..pretrained import planned_files
+from ..pretrained_files import planned_files
 from ..record_check import checked
 from ..refs import Ref, parse
 from ..versions import Versions
