@@ -70,6 +70,7 @@ if typing.TYPE_CHECKING:
         export,
         gc,
         import_oci,
+        lineage,
         list_adapters,
         list_exports,
         list_models,
@@ -89,6 +90,7 @@ if typing.TYPE_CHECKING:
     )
     from .client import Registry
     from .exports import Artifact
+    from .provenance.lineage import Lineage
 
 # The names that need torch, loaded on first use (PEP 562): `import registry` alone, and with it
 # every `registry.cli` command that only reads or edits the catalog (ls, show, alias, tag, rm,
@@ -96,11 +98,12 @@ if typing.TYPE_CHECKING:
 _LAZY = {
     **{name: "._api" for name in (
         "default_registry", "delete_alias", "delete_version", "export", "gc", "import_oci",
-        "list_adapters", "list_exports", "list_models", "list_versions", "pull", "pull_export",
+        "lineage", "list_adapters", "list_exports", "list_models", "list_versions", "pull", "pull_export",
         "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
         "set_tags", "show", "sign", "verify")},
     "Registry": ".client",
     "Artifact": ".exports",
+    "Lineage": ".provenance.lineage",
 }
 
 
@@ -133,6 +136,7 @@ __all__ = [
     "ForbiddenError",
     "GcReport",
     "InsecureTransportError",
+    "Lineage",
     "ManifestError",
     "MissingBlobError",
     "MlflowUnavailableError",
@@ -170,6 +174,7 @@ __all__ = [
     "export",
     "gc",
     "import_oci",
+    "lineage",
     "list_adapters",
     "list_exports",
     "list_models",

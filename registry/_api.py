@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .client import ModelInput, Registry
+from .provenance.lineage import Lineage
 from .devices import DeviceRequest, DtypeRequest
 from .exports import Artifact, ExportFormat
 from .gc import GcReport
@@ -50,16 +51,20 @@ def push(model: ModelInput, name: str | Mapping[str, str] | None = None, *,
          files: Mapping[str, str | os.PathLike[str]] | None = None,
          base: str | Ref | None = None,
          sign_key: str | os.PathLike[str] | None = None,
-         idempotency_key: str | None = None) -> ModelVersion:
+         idempotency_key: str | None = None,
+         parents: Sequence[str | Ref] | None = None,
+         datasets: Sequence[Mapping[str, str]] | None = None,
+         run: Mapping[str, str] | None = None) -> ModelVersion:
     """Store ``model`` as a new version of ``name`` (derived when omitted; a mapping there is
     the tags: ``push(model, {"dataset": "imagenet"})``; a PEFT model is stored as an adapter
-    over ``base``; ``sign_key`` signs it; ``idempotency_key`` makes a retry safe); see
-    :meth:`Registry.push`."""
+    over ``base``; ``sign_key`` signs it; ``idempotency_key`` makes a retry safe; ``parents``,
+    ``datasets`` and ``run`` go into its lineage); see :meth:`Registry.push`."""
     return default_registry().push(model, name, tags=tags, aliases=aliases, factory=factory,
                                    factory_kwargs=factory_kwargs, precision=precision,
                                    keep_in_fp32=keep_in_fp32, shard_size=shard_size,
                                    files=files, base=base, sign_key=sign_key,
-                                   idempotency_key=idempotency_key)
+                                   idempotency_key=idempotency_key, parents=parents,
+                                   datasets=datasets, run=run)
 
 
 def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest = "auto",
@@ -182,3 +187,8 @@ def verify(ref: str | Ref, *, public_keys: Sequence[str | os.PathLike[str]] | No
            certificates: Sequence[str | os.PathLike[str]] | None = None) -> list[Signature]:
     """The signatures of ``ref`` that verify with trusted keys; see :meth:`Registry.verify`."""
     return default_registry().verify(ref, public_keys=public_keys, certificates=certificates)
+
+
+def lineage(ref: str | Ref) -> Lineage:
+    """Where ``ref`` came from and which versions came from it; see :meth:`Registry.lineage`."""
+    return default_registry().lineage(ref)

@@ -30,6 +30,7 @@ from .oci import door as oci_door
 from .oci.results import OciPush
 from .placement import DeviceMap, NoSplit
 from .pretrained import write_pretrained
+from .provenance import capture
 from .record_check import checked
 from .refs import (
     Ref,
@@ -76,6 +77,9 @@ class Registry(SignedVersions):
         base: str | Ref | None = None,
         sign_key: str | os.PathLike[str] | None = None,
         idempotency_key: str | None = None,
+        parents: Sequence[str | Ref] | None = None,
+        datasets: Sequence[Mapping[str, str]] | None = None,
+        run: Mapping[str, str] | None = None,
     ) -> ModelVersion:
         """Normalize ``model`` and store it as a new immutable version of ``name``.
 
@@ -95,6 +99,10 @@ class Registry(SignedVersions):
         ``sign_key`` (an EC private key, PEM) signs the new version (see :meth:`sign`).
         ``idempotency_key`` names this push (default: a fresh one): the same push again with
         it, after an unknown outcome, returns the version it made instead of a second one.
+
+        Its lineage goes into the signed manifest: ``parents`` (refs, resolved to digests now),
+        ``datasets`` (``{"name", "uri", "digest"}``), ``run`` (``{"id", "uri"}``) and what
+        ``REGISTRY_LINEAGE*`` captures (git, the MLflow run, libraries, reused and base versions).
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
@@ -114,6 +122,7 @@ class Registry(SignedVersions):
 
         target_size = (self.settings.shard_size if shard_size is None
                        else parse_size(shard_size, "shard_size", minimum=1))
+        trail = capture.begin_push(self.settings, self._backend.resolve, parents, datasets, run)
 
         sections: dict[str, Any] = {}  # an adapter version's manifest section
         if adapters.is_adapter(model):
@@ -136,13 +145,17 @@ class Registry(SignedVersions):
                               known=self._backend.known_shards(target))
         try:
             staged += attachments.stage(named, self._backend.staging_dir())
+            shards = [s.file for s in staged if s.file.role == "weights"]
+            recorded = trail.finish(target, [f.digest for f in shards],
+                                    sections.get("adapter", {}).get("base"))
             draft = mf.Draft(
                 name=target, created_at=datetime.now(timezone.utc).isoformat(),
-                shards=[s.file for s in staged if s.file.role == "weights"],
+                shards=shards,
                 tensors={key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                          for key, t in weights.tensors.items()},
                 tied_aliases=len(weights.tied), extras=weights.extras,
-                architecture=architecture, source=weights.source,
+                architecture=architecture,
+                source={**weights.source, **({"lineage": recorded} if recorded else {})},
                 module_metadata=weights.module_metadata, key_order=weights.key_order,
                 tags=tag_map, quantization=weights.quantization, sections=sections,
                 attachments=attachments.manifest_entries(

@@ -30,6 +30,7 @@ from . import architectures, boundedjson, statedict
 from .digests import check_digest, sha256_bytes, version_digest
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .files import VersionFile, check_file_name, weights_digest
+from .provenance import lineage
 from .refs import MAX_VERSION, validate_name
 from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # noqa: F401
 from .validate import MAX_BLOB_BYTES
@@ -294,6 +295,11 @@ def _source(value: object, tensors: Mapping[str, Any], origin: str) -> None:
     keep = source.get("keep_in_fp32", [])
     if not isinstance(keep, list) or not all(isinstance(p, str) for p in keep):
         _fail(origin, "source.keep_in_fp32", keep, "a list of module prefixes")
+    # Where the version came from (provenance/lineage.py): optional, so a manifest written
+    # before lineage existed reads as before, and in ``source`` so an older reader takes it.
+    if "lineage" in source and (problem := lineage.problem(source["lineage"])):
+        raise ManifestError(f"manifest {origin} is invalid: source.lineage {problem}; it was "
+                            "not used")
 
 
 # The dtypes a stored tensor may have: those safetensors stores and torch (>= 2.4) names, the

@@ -27,6 +27,11 @@
 | REGISTRY_REQUIRE_SIGNED     | false (server: commits must be signed)|
 | REGISTRY_STORE_RETRY_SECONDS| 5s (S3 operations retried this long)  |
 | REGISTRY_PUSH_LEASE         | 15m (a silent push's reservation)     |
+| REGISTRY_LINEAGE            | true (false turns every capture off)  |
+| REGISTRY_LINEAGE_GIT        | true (commit, dirty flag, remote URL) |
+| REGISTRY_LINEAGE_MLFLOW     | true (the active run, if imported)    |
+| REGISTRY_LINEAGE_LIBRARIES  | true (torch, transformers... versions)|
+| REGISTRY_LINEAGE_PARENTS    | true (reused version, adapter base)   |
 
 ``REGISTRY_OCI_AUTH`` holds OCI registry credentials as a JSON object keyed by ``HOST[:PORT]``,
 each entry either ``{"username": U, "password": P}``, ``{"auth": base64("U:P")}`` (the entry of
@@ -124,6 +129,11 @@ class Settings:
     store_retry: timedelta = DEFAULT_STORE_RETRY
     # How long a push's reservation outlives its last sign of life (registry/catalog/leases.py).
     push_lease: timedelta = DEFAULT_PUSH_LEASE
+    # What a push records of its lineage by itself (registry/provenance/lineage.py).
+    lineage_git: bool = True
+    lineage_mlflow: bool = True
+    lineage_libraries: bool = True
+    lineage_parents: bool = True
 
     @property
     def auth_path(self) -> Path:
@@ -182,6 +192,7 @@ class Settings:
         ca_raw = env.get("REGISTRY_OCI_CA_BUNDLE") or None
         retry_raw = env.get("REGISTRY_STORE_RETRY_SECONDS") or None
         lease_raw = env.get("REGISTRY_PUSH_LEASE") or None
+        lineage = _bool(env.get("REGISTRY_LINEAGE"), "REGISTRY_LINEAGE", True)
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -225,6 +236,9 @@ class Settings:
             if retry_raw else DEFAULT_STORE_RETRY,
             push_lease=parse_duration(lease_raw, "REGISTRY_PUSH_LEASE")
             if lease_raw else DEFAULT_PUSH_LEASE,
+            **{f"lineage_{part}": _bool(env.get(f"REGISTRY_LINEAGE_{part.upper()}"),
+                                        f"REGISTRY_LINEAGE_{part.upper()}", True) and lineage
+               for part in ("git", "mlflow", "libraries", "parents")},
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -18,6 +18,9 @@ from .errors import ReferencedVersionError, RefError, SettingsError
 from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
+from .provenance import lineage
+from .provenance.lineage import Lineage
+from .record_check import checked
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
 from .remote import RemoteBackend
 from .settings import Settings
@@ -86,6 +89,15 @@ class Versions:
             mv.metadata["signatures"] = [Signature.from_record(r).to_dict() for r in listed]
         return mv
 
+    # -- provenance: computed from manifests and catalog links (registry/provenance) ------------
+
+    def lineage(self, ref: str | Ref) -> Lineage:
+        """Where ``ref`` came from (git commit, run, datasets, libraries, parents, as its
+        signed manifest records them) and the versions that name it as a parent, found
+        through the catalog."""
+        record = checked(self._backend.resolve(parse(ref)))
+        return lineage.graph(record, self._newest_first())
+
     def list_models(self) -> list[str]:
         """Names of models with at least one version, sorted."""
         return self._backend.list_models()
@@ -151,6 +163,8 @@ def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) 
     """The :class:`ModelVersion` a caller gets for a catalog record (``push``: the upload
     report of the push that made it)."""
     metadata = {**record.manifest, "tags": dict(record.tags)}
+    if isinstance(found := record.manifest.get("source", {}).get("lineage"), dict):
+        metadata["lineage"] = found  # stored in ``source`` (provenance/lineage.py), shown here
     if push is not None:
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),

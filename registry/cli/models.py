@@ -10,6 +10,7 @@ import click
 
 from .. import safewrite
 from ..display import human_bytes, push_summary, version_summary, version_table, versions_table
+from ..provenance.lineage import given_run, parse_dataset
 from ._context import (
     JsonObject,
     KeyValue,
@@ -39,12 +40,18 @@ from .signing import signatures_table
               help="Sign the new version with this EC private key (PEM).")
 @click.option("--idempotency-key", help="Retry-safe key: the same push again with the same key "
               "answers the version it made instead of making a duplicate.")
+@click.option("--parent", "parents", multiple=True, metavar="REF",
+              help="A version this one was derived from (recorded by digest in its lineage).")
+@click.option("--dataset", "datasets", multiple=True, metavar="NAME=URI[@DIGEST]",
+              help="A dataset it was trained on, e.g. imagenet=s3://data/imagenet@sha256:...")
+@click.option("--run", "run", metavar="URI", help="The training run, e.g. runs:/<run id>.")
 @click.pass_context
 def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], ...],
          aliases: tuple[str, ...], factory: str | None, factory_kwargs: dict[str, Any] | None,
          precision: str | None, keep_in_fp32: tuple[str, ...], shard_size: str | None,
          files: tuple[tuple[str, str], ...], sign_key: str | None,
-         idempotency_key: str | None) -> None:
+         idempotency_key: str | None, parents: tuple[str, ...], datasets: tuple[str, ...],
+         run: str | None) -> None:
     """Push the checkpoint at PATH (a file, or a directory of shards with their index) as a new
     version of NAME (or NAME:vN to claim N). The other files of a directory (config, tokenizer,
     model card) are attached to the version, and a transformers config.json is recorded."""
@@ -52,7 +59,9 @@ def push(ctx: click.Context, name: str, path: str, tags: tuple[tuple[str, str], 
                                  factory_kwargs=factory_kwargs, precision=precision,
                                  keep_in_fp32=keep_in_fp32, shard_size=shard_size,
                                  files=dict(files) or None, sign_key=sign_key,
-                                 idempotency_key=idempotency_key)
+                                 idempotency_key=idempotency_key, parents=list(parents),
+                                 datasets=[parse_dataset(d) for d in datasets],
+                                 run=given_run(run))
     click.echo(f"pushed {mv.ref} {mv.digest}" + (" (signed)" if sign_key else ""))
     click.echo(push_summary(mv.metadata["push"]))
 
