@@ -9,7 +9,7 @@ export on top of it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .backends import Backend, LocalBackend
@@ -182,28 +182,36 @@ def adapters_over(bases: Iterable[VersionRecord],
             and (b.get("name"), b.get("digest")) in wanted]
 
 
-def refuse_deleting_a_base(backend: Backend, name: str, version: int) -> None:
+def refuse_deleting_a_base(backend: Backend, name: str, version: int, *,
+                           shown: Callable[[str], bool] | None = None) -> None:
     """ReferencedVersionError when adapter versions name ``name:v<version>`` as their base and
     no other version of its name holds the same weights: the guard of every delete without
-    ``force``, the facade's and the server's DELETE route alike."""
-    _refuse_deleting_a_base(backend.resolve(Ref(name, version)), _newest_first(backend))
+    ``force``, the facade's and the server's DELETE route alike. ``shown`` picks the model
+    names the message may name (a server's caller limited to some models); the others are
+    counted, not named."""
+    _refuse_deleting_a_base(backend.resolve(Ref(name, version)), _newest_first(backend),
+                            shown)
 
 
 def _newest_first(backend: Backend) -> Iterable[VersionRecord]:
     return (r for name in backend.list_models() for r in reversed(backend.list_versions(name)))
 
 
-def _refuse_deleting_a_base(base: VersionRecord, versions: Iterable[VersionRecord]) -> None:
+def _refuse_deleting_a_base(base: VersionRecord, versions: Iterable[VersionRecord],
+                            shown: Callable[[str], bool] | None = None) -> None:
     """Refuse deleting ``base`` while adapter versions name it and no other version of its
     name holds the same weights."""
     every = list(versions)
     if any(r.name == base.name and r.digest == base.digest and r.version != base.version
            for r in every):
         return
-    users = [f"{r.name}:v{r.version}" for r in adapters_over([base], every)]
-    if users:
-        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+    over = adapters_over([base], every)
+    users = [f"{r.name}:v{r.version}" for r in over if shown is None or shown(r.name)]
+    if over:
+        more = len(over) - min(len(users), 5)
+        listed = ", ".join(users[:5]) or "not shown"
+        shown_text = listed + (f" and {more} more" if more and users else "")
         raise ReferencedVersionError(
-            f"{base.name}:v{base.version} is the base of {len(users)} adapter version(s) "
-            f"({shown}); delete those first, or pass force=True (`registry rm --force`) to "
+            f"{base.name}:v{base.version} is the base of {len(over)} adapter version(s) "
+            f"({shown_text}); delete those first, or pass force=True (`registry rm --force`) to "
             "leave them without their base")

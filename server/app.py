@@ -20,17 +20,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.backends import LocalBackend
-from registry.errors import RegistryError, SettingsError
+from registry.errors import NotFoundError, RegistryError, SettingsError
 from registry.mirror_mlflow import MirrorWorker
 from registry.settings import Settings
 from registry.wire import status_for
 
-from .auth import AuthPolicy
+from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
 from .routes import admin, blobs, exports, models, pushes, signatures
 from .signatures import CommitSignatures
@@ -105,10 +106,25 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 # -- error bodies ----------------------------------------------------------------------------
 
-async def _registry_error(_request: Request, exc: RegistryError) -> JSONResponse:
+async def _registry_error(request: Request, exc: RegistryError) -> JSONResponse:
+    if isinstance(exc, NotFoundError):
+        exc = await run_in_threadpool(_as_seen_by_caller, request, exc)
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return error_response(status, exc.code, str(exc), headers)
+
+
+def _as_seen_by_caller(request: Request, exc: NotFoundError) -> NotFoundError:
+    """A model the caller's token may see but the catalog lacks: the library's message would
+    suggest other models (hidden ones among them), so the caller gets the one answer it gets for
+    a model it may not see (server/auth.py), and the two cannot be told apart."""
+    principal = getattr(request.state, "principal", None)
+    name = getattr(request.state, "model", None)
+    if principal is None or not principal.restricted or name is None:
+        return exc
+    if request.app.state.backend.catalog.model_exists(name):
+        return exc
+    return missing_model(principal, name)
 
 
 async def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,7 +11,13 @@ over the app and a test can build an app from any backend, policy or mirror.
     app.state.signing    the CommitSignatures policy for commits and signature routes
 
 ``read``, ``write`` and ``admin`` are the auth scopes as parameter defaults
-(``_caller: str = read``): each answers the caller's name or raises 401/403.
+(``caller: Principal = read``): each answers the caller (server/auth.py) or raises 401/403, and
+applies the caller's model scope to the route's ``{name}`` path parameter: a model the token may
+not see answers 404 exactly as a missing one before the route runs. A route that finds a model
+name anywhere else (a ref in the query, a blob's owners, a door's own path) calls
+``caller.check(name)`` itself, and one that lists names filters them (``caller.visible``,
+``auth.visible_models``). An ``admin`` route without ``{name}`` acts on the whole registry and
+needs a token over all models.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from registry.backends import LocalBackend
+from registry.refs import validate_name
 from registry.settings import Settings
 
-from .auth import AuthPolicy, Scope
+from .auth import AuthPolicy, Principal, Scope
 from .signatures import CommitSignatures
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `registry token create`.")
@@ -65,10 +72,18 @@ Changed = Annotated[Callable[[], None], Depends(_changed)]
 def _need(scope: Scope) -> Any:
     def caller(request: Request,
                credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                      Depends(_bearer)]) -> str:
+                                      Depends(_bearer)]) -> Principal:
         policy: AuthPolicy = request.app.state.auth
         header = f"Bearer {credentials.credentials}" if credentials else None
-        return policy.authorize(header, scope)
+        principal = policy.authorize(header, scope)
+        request.state.principal = principal  # the error handler hides names with it
+        name = request.path_params.get("name")
+        if name is not None:
+            request.state.model = principal.check(validate_name(name))
+        elif scope == "admin":
+            route = getattr(request.scope.get("route"), "path", "this route")
+            principal.require_all_models(f"{request.method} {route}")
+        return principal
 
     return Depends(caller)
 

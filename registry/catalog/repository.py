@@ -22,6 +22,7 @@ from .exports import ExportRows
 from .leases import Leases
 from .mirror import MirrorStates
 from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
+from .owners import BlobOwners
 from .pushes import Pushes
 from .rebuild import add_version_files
 from .records import VersionRecord
@@ -35,7 +36,8 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pushes):
+class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pushes,
+              BlobOwners):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):

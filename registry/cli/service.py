@@ -75,18 +75,52 @@ def token() -> None:
 @click.argument("name")
 @click.option("--scopes", default="read", show_default=True,
               help="Comma-separated: read, write, admin (admin implies write implies read).")
+@click.option("--models", "models", default=None, metavar="PATTERNS",
+              help="Comma-separated fnmatch patterns ('team-a-*,shared'): the token sees and "
+                   "acts on matching models only. Default: every model.")
 @click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
-def token_create(name: str, scopes: str, auth_file: Path | None) -> None:
+def token_create(name: str, scopes: str, models: str | None, auth_file: Path | None) -> None:
     """Create token NAME; print it once on stdout (only its hash is stored)."""
-    from server.auth import AuthFile, parse_scopes
+    from server.auth import AuthFile, parse_model_patterns, parse_scopes
 
 
     path = auth_file or Settings.from_env().auth_path
-    plain = AuthFile(path).create(name, parse_scopes(scopes))
+    patterns = None if models is None else parse_model_patterns(models)
+    plain = AuthFile(path).create(name, parse_scopes(scopes), patterns)
     click.echo(plain)
-    click.echo(f"created token {name!r} ({scopes}) in {path}; it is shown only this once",
-               err=True)
+    over = "all models" if patterns is None else "models " + ",".join(patterns)
+    click.echo(f"created token {name!r} ({scopes}; {over}) in {path}; it is shown only this "
+               "once", err=True)
+
+
+@token.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per token.")
+@click.option("--auth-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Token file (default: REGISTRY_AUTH_FILE, else $REGISTRY_HOME/auth.json).")
+def token_ls(as_json: bool, auth_file: Path | None) -> None:
+    """List tokens: name, scopes, the models each may see (patterns, or *) and when it was
+    made. Hashes are not shown."""
+    import json
+
+    from server.auth import AuthFile
+
+
+    path = auth_file or Settings.from_env().auth_path
+    entries = AuthFile(path).entries()
+    if as_json:
+        for e in entries:
+            click.echo(json.dumps({"name": e.name, "scopes": list(e.scopes),
+                                   "models": None if e.models is None else list(e.models),
+                                   "created_at": e.created_at}))
+        return
+    rows = [("NAME", "SCOPES", "MODELS", "CREATED")] + [
+        (e.name, ",".join(e.scopes), "*" if e.models is None else ",".join(e.models),
+         e.created_at) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))
+                   + "  " + row[3])
 
 
 @token.command("revoke")

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from registry.mirror_mlflow import sync, tracking_uri_for
 from registry.wire import API
 
+from ..auth import Principal
 from ..dependencies import Backend, ServerSettings, admin
 
 log = logging.getLogger("registry.server")
@@ -23,7 +24,7 @@ def healthz() -> dict[str, str]:
 
 
 @router.post(API + "/gc", tags=["admin"])
-def gc(local: Backend, caller: str = admin) -> dict[str, Any]:
+def gc(local: Backend, caller: Principal = admin) -> dict[str, Any]:
     report = local.gc()
     log.info("gc by %s deleted %d blobs", caller, len(report.deleted))
     return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
@@ -34,6 +35,6 @@ def gc(local: Backend, caller: str = admin) -> dict[str, Any]:
 
 @router.post(API + "/mlflow/sync", tags=["admin"])
 def mlflow_sync(local: Backend, settings: ServerSettings, full: bool = False,
-                _caller: str = admin) -> dict[str, Any]:
+                _caller: Principal = admin) -> dict[str, Any]:
     report = sync(local, tracking_uri_for(settings), full=full)
     return report.to_dict()

@@ -22,6 +22,7 @@ from registry.refs import validate_name, validate_version
 from registry.store.layout import blob_key
 from registry.wire import API, EXPORTS_ROUTE
 
+from ..auth import Principal
 from ..dependencies import Backend, Changed, read, write
 from .blobs import receive_blob, upload_target
 
@@ -36,7 +37,8 @@ class ExportRegistration(BaseModel):
 
 
 @router.get("", tags=["exports"])
-def list_exports(name: str, version: str, local: Backend, _caller: str = read) -> dict[str, Any]:
+def list_exports(name: str, version: str, local: Backend,
+                 _caller: Principal = read) -> dict[str, Any]:
     """The exports of a version (format, parameters, digest, size, max_abs_diff)."""
     return {"exports": exports.list_exports(local, validate_name(name),
                                             validate_version(version))}
@@ -44,7 +46,7 @@ def list_exports(name: str, version: str, local: Backend, _caller: str = read) -
 
 @router.post("", tags=["exports"])
 def register_export(name: str, version: str, body: ExportRegistration, local: Backend,
-                    changed: Changed, _caller: str = write) -> dict[str, Any]:
+                    changed: Changed, _caller: Principal = write) -> dict[str, Any]:
     """Record an export the client made and verified; asks for the blob first if the
     store lacks it."""
     name, number = validate_name(name), validate_version(version)
@@ -69,7 +71,7 @@ def register_export(name: str, version: str, body: ExportRegistration, local: Ba
 
 @router.put("/blobs/{digest}", tags=["exports"], status_code=201)
 async def upload_export_blob(name: str, version: str, digest: str, request: Request,
-                             local: Backend, _caller: str = write) -> dict[str, Any]:
+                             local: Backend, _caller: Principal = write) -> dict[str, Any]:
     """The blob of an export of an existing version, sent through this server; only one a
     registration asked for, of at most the size it declared."""
     name, number = validate_name(name), validate_version(version)

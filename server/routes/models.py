@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from registry.refs import (
@@ -21,6 +21,7 @@ from registry.validate import DEFAULT_PAGE, MAX_PAGE
 from registry.versions import refuse_deleting_a_base
 from registry.wire import API, record_to_wire
 
+from ..auth import Principal, visible_models
 from ..boundary import Body
 from ..dependencies import Backend, Changed, read, write
 
@@ -44,10 +45,12 @@ class TagChanges(Body):
 def list_models(local: Backend, limit: PageSize = DEFAULT_PAGE,
                 after: Annotated[str | None, Query(
                     max_length=128, description="The `next` of the previous page.")] = None,
-                _caller: str = read) -> dict[str, Any]:
-    """Model names, sorted, one page at a time: pass ``next`` back as ``after``."""
+                caller: Principal = read) -> dict[str, Any]:
+    """Model names, sorted, one page at a time: pass ``next`` back as ``after``. A token
+    limited to some models lists those only."""
     start = None if after is None else validate_name(after)
-    names = local.list_models(limit=limit + 1, after=start)
+    names = visible_models(caller, lambda n, a: local.list_models(limit=n, after=a),
+                           limit=limit + 1, after=start)
     return {"models": names[:limit], "next": names[limit - 1] if len(names) > limit else None}
 
 
@@ -56,7 +59,7 @@ def list_versions(name: str, local: Backend, limit: PageSize = DEFAULT_PAGE,
                   after: Annotated[int | None, Query(
                       ge=0, le=MAX_VERSION,
                       description="The `next` of the previous page.")] = None,
-                  _caller: str = read) -> dict[str, Any]:
+                  _caller: Principal = read) -> dict[str, Any]:
     """Live versions, oldest first, one page at a time: pass ``next`` back as ``after``."""
     records = local.list_versions(validate_name(name), limit=limit + 1, after=after)
     return {"versions": [record_to_wire(r) for r in records[:limit]],
@@ -65,7 +68,7 @@ def list_versions(name: str, local: Backend, limit: PageSize = DEFAULT_PAGE,
 
 @router.get("/models/{name}/versions/{version}", tags=["models"])
 def show_version(name: str, version: str, local: Backend,
-                 _caller: str = read) -> dict[str, Any]:
+                 _caller: Principal = read) -> dict[str, Any]:
     ref = parse(f"{validate_name(name)}:v{validate_version(version)}")
     return record_to_wire(local.resolve(ref))
 
@@ -73,15 +76,17 @@ def show_version(name: str, version: str, local: Backend,
 @router.get("/resolve", tags=["models"])
 def resolve(ref: Annotated[str, Query(description="name, name:vN, name@alias, "
                                                   "name@sha256:<hex>")],
-            local: Backend, _caller: str = read) -> dict[str, Any]:
-    return record_to_wire(local.resolve(parse(ref)))
+            local: Backend, request: Request, caller: Principal = read) -> dict[str, Any]:
+    parsed = parse(ref)
+    request.state.model = caller.check(parsed.name)  # the one model check (server/auth.py)
+    return record_to_wire(local.resolve(parsed))
 
 
 # -- changes ---------------------------------------------------------------------------------
 
 @router.put("/models/{name}/aliases/{alias}", tags=["aliases"])
 def set_alias(name: str, alias: str, body: AliasTarget, local: Backend, changed: Changed,
-              _caller: str = write) -> dict[str, Any]:
+              _caller: Principal = write) -> dict[str, Any]:
     record = local.set_alias(validate_name(name), validate_alias(alias),
                              validate_version(body.version))
     changed()
@@ -90,7 +95,7 @@ def set_alias(name: str, alias: str, body: AliasTarget, local: Backend, changed:
 
 @router.delete("/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
 def delete_alias(name: str, alias: str, local: Backend, changed: Changed,
-                 _caller: str = write) -> Response:
+                 _caller: Principal = write) -> Response:
     local.delete_alias(validate_name(name), validate_alias(alias))
     changed()
     return Response(status_code=204)
@@ -98,7 +103,7 @@ def delete_alias(name: str, alias: str, local: Backend, changed: Changed,
 
 @router.patch("/models/{name}/versions/{version}/tags", tags=["models"])
 def set_tags(name: str, version: str, body: TagChanges, local: Backend, changed: Changed,
-             _caller: str = write) -> dict[str, Any]:
+             _caller: Principal = write) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
     record = local.set_tags(name, number, validate_tags(body.tags, removals=True))
     changed()
@@ -107,13 +112,13 @@ def set_tags(name: str, version: str, body: TagChanges, local: Backend, changed:
 
 @router.delete("/models/{name}/versions/{version}", tags=["models"])
 def delete_version(name: str, version: str, local: Backend, changed: Changed,
-                   caller: str = write,
+                   caller: Principal = write,
                    force: Annotated[bool, Query(description="Delete even if aliases or "
                                                 "adapters point at the version.")] = False,
                    ) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
     if not force:  # adapters over it keep their base (409, names them and `force`)
-        refuse_deleting_a_base(local, name, number)
+        refuse_deleting_a_base(local, name, number, shown=caller.may_see)
     record = local.delete_version(name, number, force=force)
     log.info("%s:v%d deleted by %s", name, number, caller)
     changed()

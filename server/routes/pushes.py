@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from registry import manifest as mf
+from registry.backends import LocalBackend
 from registry.digests import check_digest
 from registry.direct_uploads import verify_blobs
 from registry.errors import NotFoundError, RefError
@@ -31,10 +32,11 @@ from registry.refs import validate_aliases, validate_name, validate_tags, valida
 from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire
 
+from ..auth import Principal
 from ..boundary import Body
 from ..commits import checked_manifest, push_key, repeated_commit
 from ..dependencies import Backend, Changed, Signing, write
-from .blobs import upload_target
+from .blobs import proof_target, upload_target
 
 log = logging.getLogger("registry.server")
 router = APIRouter(prefix=API)
@@ -63,7 +65,7 @@ class PushCommit(Body):
 
 
 @router.post("/models/{name}/pushes", tags=["push"])
-def begin_push(name: str, body: PushBegin, local: Backend, caller: str = write,
+def begin_push(name: str, body: PushBegin, local: Backend, caller: Principal = write,
                key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name = validate_name(name)
     claim = None if body.version is None else validate_version(body.version)
@@ -72,14 +74,17 @@ def begin_push(name: str, body: PushBegin, local: Backend, caller: str = write,
     number, missing = local.begin_push(name, claim, files, key=push_key(key), committed=done)
     if done:
         return {"version": number, "uploads": [], "committed": record_to_wire(done[0])}
+    uploads = [upload_target(local, f) for f in missing]
+    if caller.restricted:  # blobs only models it may not see hold: it proves it has the bytes
+        uploads += [proof_target(f) for f in _unproven(local, caller, files, missing)]
     log.info("push %s:v%d begun by %s (%d of %d files to upload)", name, number, caller,
-             len(missing), len(files))
-    return {"version": number, "uploads": [upload_target(local, f) for f in missing]}
+             len(uploads), len(files))
+    return {"version": number, "uploads": uploads}
 
 
 @router.post("/models/{name}/pushes/{version}/commit", tags=["push"])
 def commit_push(name: str, version: str, body: PushCommit, local: Backend, signing: Signing,
-                changed: Changed, caller: str = write,
+                changed: Changed, caller: Principal = write,
                 key: str | None = Header(None, alias=IDEMPOTENCY_HEADER)) -> dict[str, Any]:
     name, number = validate_name(name), validate_version(version)
     tags = cast(dict[str, str], validate_tags(body.tags))
@@ -104,11 +109,22 @@ def commit_push(name: str, version: str, body: PushCommit, local: Backend, signi
 
 
 @router.delete("/models/{name}/pushes/{version}", tags=["push"], status_code=204)
-def abort_push(name: str, version: str, local: Backend, _caller: str = write) -> Response:
+def abort_push(name: str, version: str, local: Backend, _caller: Principal = write) -> Response:
     name, number = validate_name(name), validate_version(version)
     local.reservation(name, number)  # NotFoundError when no such push is in progress
     local.abort_push(name, number)
     return Response(status_code=204)
+
+
+def _unproven(local: LocalBackend, caller: Principal, files: list[VersionFile],
+              missing: list[VersionFile]) -> list[VersionFile]:
+    """The files of a push the store holds but no model ``caller`` may see owns: a token limited
+    to some models uploads those too, so a push cannot tell it which digests other models hold
+    (nor let it claim their bytes without having them)."""
+    asked = {f.digest for f in missing}
+    held = list({f.digest: f for f in files if f.digest not in asked}.values())
+    owners = local.catalog.blob_owners([f.digest for f in held])
+    return [f for f in held if not caller.visible(sorted(owners[f.digest]))]
 
 
 # -- what a push request must be -------------------------------------------------------------

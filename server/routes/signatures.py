@@ -14,6 +14,7 @@ from registry.refs import Ref, validate_name, validate_version
 from registry.signing.remote import SIGNATURES_ROUTE, from_wire
 from registry.wire import API
 
+from ..auth import Principal
 from ..dependencies import Backend, Changed, Signing, read, write
 
 router = APIRouter(prefix=API + SIGNATURES_ROUTE)
@@ -28,7 +29,7 @@ class SignatureBody(BaseModel):
 
 @router.get("", tags=["signatures"])
 def list_signatures(name: str, version: str, local: Backend,
-                    _caller: str = read) -> dict[str, Any]:
+                    _caller: Principal = read) -> dict[str, Any]:
     """The signature records of a version (method, signer, time, bundle digests)."""
     name, number = validate_name(name), validate_version(version)
     local.resolve(Ref(name, version=number))  # NotFoundError for an unknown version
@@ -37,7 +38,7 @@ def list_signatures(name: str, version: str, local: Backend,
 
 @router.post("", tags=["signatures"])
 def add_signature(name: str, version: str, body: SignatureBody, local: Backend,
-                  policy: Signing, changed: Changed, _caller: str = write) -> dict[str, Any]:
+                  policy: Signing, changed: Changed, _caller: Principal = write) -> dict[str, Any]:
     """Store a signature of an existing version (bundles inline, base64)."""
     name, number = validate_name(name), validate_version(version)
     manifest = checked(local.resolve(Ref(name, version=number))).manifest
