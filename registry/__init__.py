@@ -51,6 +51,7 @@ from .errors import (
     VersionAliasedError,
     VersionExistsError,
 )
+from .events import Event
 from .gc import GcReport
 from .manifest import ModelVersion
 from .oci.results import OciPush
@@ -59,16 +60,20 @@ from .refs import parse as parse_ref
 from .settings import Settings
 from .signing import Signature
 
-# Loading the submodule `registry.gc` (for GcReport) bound its name here; `gc` is the verb.
+# Loading the submodules `registry.gc` (for GcReport) and `registry.events` (for Event) bound
+# their names here; `gc` and `events` are the verbs.
 globals().pop("gc")
+globals().pop("events")
 
 if typing.TYPE_CHECKING:
     from ._api import (
         default_registry,
         delete_alias,
         delete_version,
+        events,
         export,
         gc,
+        history,
         import_oci,
         lineage,
         list_adapters,
@@ -97,8 +102,9 @@ if typing.TYPE_CHECKING:
 # gc, token, db, store), never imports torch, which costs seconds.
 _LAZY = {
     **{name: "._api" for name in (
-        "default_registry", "delete_alias", "delete_version", "export", "gc", "import_oci",
-        "lineage", "list_adapters", "list_exports", "list_models", "list_versions", "pull", "pull_export",
+        "default_registry", "delete_alias", "delete_version", "events", "export", "gc",
+        "history", "import_oci", "lineage", "list_adapters", "list_exports", "list_models",
+        "list_versions", "pull", "pull_export",
         "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
         "set_tags", "show", "sign", "verify")},
     "Registry": ".client",
@@ -132,6 +138,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DigestMismatchError",
     "DtypeError",
+    "Event",
     "ExportError",
     "ForbiddenError",
     "GcReport",
@@ -171,8 +178,10 @@ __all__ = [
     "default_registry",
     "delete_alias",
     "delete_version",
+    "events",
     "export",
     "gc",
+    "history",
     "import_oci",
     "lineage",
     "list_adapters",

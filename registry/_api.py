@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch import nn
 from .client import ModelInput, Registry
 from .provenance.lineage import Lineage
 from .devices import DeviceRequest, DtypeRequest
+from .events import Event
 from .exports import Artifact, ExportFormat
 from .gc import GcReport
 from .manifest import ModelVersion
@@ -128,6 +130,15 @@ def delete_version(ref: str | Ref, *, force: bool = False) -> ModelVersion:
 
 def gc() -> GcReport:
     return default_registry().gc()
+
+
+def history(name: str, alias: str | None = None, *, since: datetime | str | None = None,
+            limit: int | None = None) -> list[Event]:
+    return default_registry().history(name, alias, since=since, limit=limit)
+
+
+def events(*, since_id: int | None = None, limit: int | None = None) -> list[Event]:
+    return default_registry().events(since_id=since_id, limit=limit)
 
 
 def export(ref: str | Ref, *, format: ExportFormat = "onnx",

@@ -16,13 +16,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from . import manifest as mf
 from ._progress import transfer
+from .audit import CatalogEvents, EventReader
 from .cache import BlobCache, VerifiedFiles
 from .catalog.records import VersionRecord
-from .errors import (
-    MissingBlobError,
-    NotFoundError,
-    UnexpectedUploadError,
-)
+from .errors import MissingBlobError, NotFoundError, UnexpectedUploadError
 from .exports.local import LocalExports
 from .files import (
     StagedFile,
@@ -34,7 +31,7 @@ from .files import (
 )
 from .gc import DEFAULT_GRACE, GcReport, collect, orphan_manifests
 from .parallel import UPLOAD_CONCURRENCY, concurrently
-from .publish import Copies
+from .publish import Copies, read_events
 from .refs import Ref
 from .settings import DEFAULT_PUSH_LEASE, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
@@ -94,6 +91,9 @@ class Backend(Protocol):
     def delete_version(self, name: str, version: int, *,
                        force: bool = False) -> VersionRecord: ...
 
+    @property
+    def audit(self) -> EventReader: ...  # the event log (registry/audit.py)
+
     def gc(self) -> GcReport: ...
     def rebuild(self) -> int: ...
 
@@ -125,6 +125,9 @@ class LocalBackend:
         self.exports = LocalExports(catalog, store, self.verified)
         # The store's copies of catalog facts, and what a failed write left owed.
         self.copies = Copies()
+        self.audit = CatalogEvents(catalog)
+        # Each committed event is copied to the store (events/<id>.json) for `db rebuild`.
+        catalog.event_sinks.append(lambda events: self.copies.write_events(store, events))
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -436,7 +439,9 @@ class LocalBackend:
         export or signature list) refuses the rebuild, naming it; the catalog is unchanged."""
         manifests, retired, aliases = self.copies.read_back(self.store)
         found, signed = self.exports.stored(), self.signatures.stored()
+        events = read_events(self.store)
         count = self.catalog.restore(manifests, retired, aliases)
         self.exports.restore(found)
         self.signatures.restore(signed)
+        self.catalog.restore_events(events)
         return count

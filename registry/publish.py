@@ -10,6 +10,10 @@ rebuild`` can restore it. The order of a push's writes (docs/reliability.md):
    model's row lock (:meth:`registry.catalog.copies.StoreCopies.publish`), which every change
    of a version's visibility, tags or aliases also takes.
 
+Events (registry/events.py) are copied the same way, once each, to ``events/<id>.json`` after
+the transaction that appended them committed: immutable objects keyed by id, so their order of
+writing does not matter, and a copy that failed is owed like a manifest.
+
 So the store never holds a manifest of a version that was not committed, the last alias table
 written is the newest, and nothing a commit or an abort does deletes what another wrote. A
 write that fails after step 2 does not fail the operation (the catalog already says it
@@ -27,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from . import validate
+from .errors import CheckpointError
+from .events import MAX_DETAILS_BYTES, Event
 from .store import ObjectStore, layout
 
 if TYPE_CHECKING:
@@ -34,6 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# An event object is its details plus a few short fields.
+MAX_EVENT_OBJECT = MAX_DETAILS_BYTES + 4096
+_REBUILD_FIX = ("nothing was restored: remove or repair that object in the store, then run "
+                "`registry db rebuild` again")
 _ALIASES = 0  # stands for a model's alias table among the versions owed
 # What `db rebuild` reads back: manifests, retired (name, version) pairs, alias tables.
 Stored = tuple[list[dict[str, Any]], list[tuple[str, int]], dict[str, dict[str, int]]]
@@ -44,7 +54,28 @@ class Copies:
 
     def __init__(self) -> None:
         self._owed: dict[str, set[int]] = {}
+        self._owed_events: dict[int, Event] = {}
         self._lock = threading.Lock()
+
+    def write_events(self, store: ObjectStore, events: list[Event]) -> list[str]:
+        """Write the store copy of each of ``events`` (committed), with those a failure left
+        owed; returns the keys still owed. Never raises: the events are in the catalog."""
+        with self._lock:
+            pending = {**self._owed_events, **{e.id: e for e in events}}
+            self._owed_events = {}
+        failed: dict[int, Event] = {}
+        for ident in sorted(pending):
+            try:
+                store.put_bytes(layout.event_key(ident), pending[ident].to_json().encode())
+            except Exception as exc:  # reported, remembered, retried
+                failed[ident] = pending[ident]
+                log.warning("event %d is committed, but writing it to the store failed (%s: "
+                            "%s); it is written again by the next change or `registry gc`",
+                            ident, type(exc).__name__, exc)
+        if failed:
+            with self._lock:
+                self._owed_events.update(failed)
+        return [layout.event_key(i) for i in sorted(failed)]
 
     def publish(self, catalog: Catalog, store: ObjectStore, name: str, versions: Iterable[int],
                 *, aliases: bool) -> list[str]:
@@ -80,8 +111,9 @@ class Copies:
     def owed(self) -> list[str]:
         """Store keys still owed by this process."""
         with self._lock:
-            return sorted(mf.aliases_key(n) if v == _ALIASES else mf.manifest_key(n, v)
-                          for n, vs in self._owed.items() for v in vs)
+            return sorted([mf.aliases_key(n) if v == _ALIASES else mf.manifest_key(n, v)
+                           for n, vs in self._owed.items() for v in vs]
+                          + [layout.event_key(i) for i in self._owed_events])
 
     def reconcile(self, catalog: Catalog, store: ObjectStore) -> list[str]:
         """Make the store's manifests, tombstones and alias tables say what the catalog says
@@ -105,7 +137,20 @@ class Copies:
                     store.put_bytes(mf.tombstone_key(name, v), b"")
                     store.delete(mf.manifest_key(name, v))
                     written.append(mf.tombstone_key(name, v))
+        written += self._reconcile_events(catalog, store)
         return written
+
+    def _reconcile_events(self, catalog: Catalog, store: ObjectStore) -> list[str]:
+        """Write the store copy of every event the catalog holds and the store lacks (a process
+        that died between its commit and its write)."""
+        stored = {key for key in store.list(layout.EVENTS)}
+        missing = [i for i in catalog.event_ids() if layout.event_key(i) not in stored]
+        if not missing:
+            return []
+        lowest = missing[0] - 1
+        events = [e for e in catalog.events(since_id=lowest) if e.id in set(missing)]
+        owed = set(self.write_events(store, events))
+        return [layout.event_key(e.id) for e in events if layout.event_key(e.id) not in owed]
 
     def read_back(self, store: ObjectStore) -> Stored:
         """What ``db rebuild`` restores: the live manifests sorted by (name, version), the
@@ -133,3 +178,22 @@ class Copies:
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
         return manifests, sorted(retired), aliases
+
+
+def read_events(store: ObjectStore) -> list[Event]:
+    """Every event the store holds, each object checked, by id (what ``db rebuild``
+    restores)."""
+    events: list[Event] = []
+    for key in store.list(layout.EVENTS):
+        ident = layout.parse_event_key(key)
+        size = store.has(key)
+        if size is not None and size > MAX_EVENT_OBJECT:
+            raise CheckpointError(f"store object {key} holds {size} bytes, more than any "
+                                  f"event ({MAX_EVENT_OBJECT}); {_REBUILD_FIX}")
+        event = Event.from_json(store.get_bytes(key), origin=key)
+        if event.id != ident:
+            raise CheckpointError(f"store object {key} holds event {event.id}, not {ident}; "
+                                  f"{_REBUILD_FIX}")
+        events.append(event)
+    events.sort(key=lambda e: e.id)
+    return events

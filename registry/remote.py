@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from .audit import ServerEvents
 from .backends import PushResult
 from .cache import BlobCache
 from .catalog.records import VersionRecord
@@ -68,6 +69,7 @@ class RemoteBackend:
                                    httpx_transport=transport)
         self.exports = RemoteExports(self.transport)
         self.signatures = RemoteSignatures(self.transport)
+        self.audit = ServerEvents(self.transport)
 
     def __repr__(self) -> str:  # never show the token
         return f"RemoteBackend({self.url!r})"

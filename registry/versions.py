@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backends import Backend, LocalBackend
 from .catalog.records import VersionRecord
 from .errors import ReferencedVersionError, RefError, SettingsError
+from .events import MAX_EVENT_ID, Event
 from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
@@ -26,6 +28,7 @@ from .remote import RemoteBackend
 from .settings import Settings
 from .signing.records import Signature
 from .store import ObjectStore
+from .validate import strict_int
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -113,6 +116,24 @@ class Versions:
         return [Artifact.from_record(origin, r)
                 for r in self._backend.list_exports(version.name, version.version)]
 
+    # -- the event log --------------------------------------------------------------------
+
+    def history(self, name: str, alias: str | None = None, *,
+                since: datetime | str | None = None, limit: int | None = None) -> list[Event]:
+        """What happened to model ``name`` (to ``name@alias`` only, when given), oldest first:
+        the events at or after ``since`` (a datetime or ISO-8601 text), the newest ``limit`` of
+        them. Deleted versions keep their history."""
+        return self._backend.audit.history(validate_name(name),
+                                     None if alias is None else validate_alias(alias),
+                                     since=parse_since(since), limit=_limit(limit))
+
+    def events(self, *, since_id: int | None = None, limit: int | None = None) -> list[Event]:
+        """Events of every model with an id above ``since_id``, oldest first, at most ``limit``
+        (the audit log; through a server it needs the admin scope)."""
+        if since_id is not None:
+            since_id = strict_int(since_id, "since_id", low=0, high=MAX_EVENT_ID)
+        return self._backend.audit.events(since_id=since_id, limit=_limit(limit))
+
     # -- changes --------------------------------------------------------------------------
 
     def set_alias(self, name: str, alias: str, version: int | str) -> ModelVersion:
@@ -157,6 +178,28 @@ class Versions:
 
     def close(self) -> None:
         self._backend.close()
+
+
+def parse_since(since: datetime | str | None) -> datetime | None:
+    """``since`` as an aware UTC datetime (ISO-8601 text without an offset is UTC)."""
+    if since is None:
+        return None
+    if isinstance(since, str):
+        try:
+            since = datetime.fromisoformat(since.strip()) if len(since) <= 64 else None
+        except ValueError:
+            since = None
+        if since is None:
+            raise RefError("since must be an ISO-8601 time such as 2026-11-28 or "
+                           "2026-11-28T09:30:00+00:00")
+    if not isinstance(since, datetime):
+        raise RefError(f"since must be a datetime or ISO-8601 text, not {type(since).__name__}")
+    return (since if since.tzinfo else since.replace(tzinfo=timezone.utc)).astimezone(
+        timezone.utc)
+
+
+def _limit(limit: int | None) -> int | None:
+    return None if limit is None else strict_int(limit, "limit", low=1, high=MAX_EVENT_ID)
 
 
 def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) -> ModelVersion:

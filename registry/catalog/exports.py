@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session
 
 from .. import boundedjson
 from ..errors import ManifestError
+from ..events import current_actor
+from .events import append_event
 from .models import READY, ExportRow, ModelRow, VersionRow, live_version_id
 
 
@@ -48,6 +50,10 @@ class ExportRows:
                 if existing is not None:
                     return dict(json.loads(existing.record)), False
                 s.add(_row(version_id, record))
+                append_event(s, kind="export.added", name=name, version=version,
+                             actor=current_actor(),
+                             details={"format": record["format"], "key": record["key"],
+                                      "digest": record["digest"]})
                 return dict(record), True
         except IntegrityError:  # a concurrent insert of the same key won
             with self.session() as s:

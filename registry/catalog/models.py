@@ -121,6 +121,31 @@ class ExportRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class EventRow(Base):
+    """One change of the catalog (registry/events.py): appended in the change's transaction,
+    never updated or deleted. ``id`` increases in commit order: every append takes one lock
+    first (catalog/events.py)."""
+
+    __tablename__ = "registry_events"
+    __table_args__ = (
+        Index("ix_registry_events_name_id", "name", "id"),
+        Index("ix_registry_events_name_alias_id", "name", "alias", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    # 64-bit on PostgreSQL; SQLite's INTEGER PRIMARY KEY is its 64-bit rowid already.
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    actor: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    alias: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    previous: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    details: Mapped[str] = mapped_column(Text, default="{}")
+
+
 def live_version_id(s: Session, name: str, version: int) -> int | None:
     """The row id of the live (ready) version ``name:vN``, or None: what a rebuild's restore
     of export and signature rows attaches them to."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -13,11 +13,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import NotFoundError, RefError, VersionAliasedError, VersionExistsError
+from ..events import Event, current_actor
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
+from .aliases import Aliases
 from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
+from .events import EventLog, after_commit, append_event
 from .exports import ExportRows
 from .leases import Leases
 from .mirror import MirrorStates
@@ -37,7 +40,7 @@ def _now() -> datetime:
 
 
 class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pushes,
-              BlobOwners):
+              BlobOwners, EventLog, Aliases):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -47,6 +50,8 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reader = self.engine.execution_options(**{READ_ONLY: True})
         self._checked = False
+        # Called with the events a session appended, after it committed (catalog/events.py).
+        self.event_sinks: list[Callable[[list[Event]], object]] = []
         database = self.engine.url.database
         self._warm = WarmResolves(database) if self.engine.url.get_backend_name() == "sqlite" \
             and database and database != ":memory:" and not database.startswith("file:") \
@@ -70,6 +75,7 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             self._check_schema()
             with self._sessions.begin() as session:
                 yield session
+        after_commit(session, self.event_sinks)
 
     @contextmanager
     def _snapshot(self) -> Iterator[Connection]:
@@ -162,8 +168,14 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             row.state = READY
             row.manifest = stored
             row.tags = json.dumps(tags, sort_keys=True)
+            actor = current_actor()
+            append_event(s, kind="version.created", name=name, version=version, actor=actor,
+                         details={"digest": row.digest, "size_bytes": row.size_bytes,
+                                  **({"tags": tags} if tags else {})})
             for alias in aliases:
-                self._put_alias(s, model, alias, version)
+                previous = self.put_alias(s, model, alias, version)
+                append_event(s, kind="alias.set", name=name, version=version, alias=alias,
+                             previous=previous, actor=actor)
             return self._record(s, model, row)
 
     def abort(self, name: str, version: int) -> bool:
@@ -250,28 +262,7 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             aliases = self._aliases_by_version(s, model)
             return [self._record(s, model, r, aliases) for r in rows]
 
-    def aliases(self, name: str) -> dict[str, int]:
-        with self.session() as s:
-            model = self._model(s, name)
-            return {a.alias: a.version for a in s.scalars(
-                select(AliasRow).where(AliasRow.model_id == model.id).order_by(AliasRow.alias))}
-
     # -- changes --------------------------------------------------------------------------
-
-    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
-        with self.session() as s:
-            model = self._model(s, name, lock=True)  # serializes alias writers, as in commit
-            row = self._row(s, model, version)
-            self._put_alias(s, model, alias, version)
-            return self._record(s, model, row)
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        with self.session() as s:
-            model = self._model(s, name, lock=True)  # serializes with publish
-            gone = s.execute(delete(AliasRow).where(
-                AliasRow.model_id == model.id, AliasRow.alias == alias))
-            if not gone.rowcount:  # type: ignore[attr-defined]
-                raise NotFoundError(f"{name}@{alias} not found: {name} has no alias {alias!r}")
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         """Merge ``tags`` into the version's tags; a None value removes that key."""
@@ -288,6 +279,9 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
                 raise RefError(f"{name}:v{version} would hold {len(merged)} tags; a version "
                                f"holds at most {MAX_TAGS}: remove some first")
             row.tags = json.dumps(merged, sort_keys=True)
+            append_event(s, kind="tags.set", name=name, version=version, actor=current_actor(),
+                         details={"set": {k: v for k, v in tags.items() if v is not None},
+                                  "removed": sorted(k for k, v in tags.items() if v is None)})
             return self._record(s, model, row)
 
     def delete_version(self, name: str, version: int, *,
@@ -312,6 +306,12 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             s.execute(delete(VersionFileRow).where(VersionFileRow.version_id == row.id))
             s.execute(delete(AliasRow).where(AliasRow.model_id == model.id,
                                              AliasRow.version == version))
+            actor = current_actor()
+            append_event(s, kind="version.deleted", name=name, version=version, actor=actor,
+                         details={"digest": row.digest, "force": force})
+            for alias in record.aliases:  # dropped with it (only with force)
+                append_event(s, kind="alias.deleted", name=name, alias=alias, previous=version,
+                             actor=actor, details={"reason": "version deleted"})
             return record
 
     # -- gc and rebuild -------------------------------------------------------------------
@@ -393,15 +393,6 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         if row is None:
             raise NotFoundError(f"model {model.name!r} has no versions")
         return row
-
-    def _put_alias(self, s: Session, model: ModelRow, alias: str, version: int) -> None:
-        existing = s.get(AliasRow, (model.id, alias))
-        if existing is None:
-            s.add(AliasRow(model_id=model.id, alias=alias, version=version, updated_at=_now()))
-        else:
-            existing.version = version
-            existing.updated_at = _now()
-        s.flush()
 
     def _aliases_by_version(self, s: Session, model: ModelRow) -> dict[int, list[str]]:
         table: dict[int, list[str]] = {}

@@ -13,7 +13,9 @@ from contextlib import AbstractContextManager, contextmanager
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from ..events import current_actor
 from ..files import VersionFile
+from .events import append_event
 from .models import ModelRow, VersionFileRow, VersionRow, live_version_id
 
 ROLE = "signature"
@@ -32,11 +34,18 @@ class SignatureFiles:
             row = self.version_row(s, name, version)
             have = set(s.scalars(select(VersionFileRow.name).where(
                 VersionFileRow.version_id == row.id, VersionFileRow.role == ROLE)).all())
+            added = []
             for f in files:
                 if f.name not in have:
                     have.add(f.name)
+                    added.append(f)
                     s.add(VersionFileRow(version_id=row.id, role=ROLE, name=f.name,
                                          digest=f.digest, size=f.size))
+            if added:
+                append_event(s, kind="signature.added", name=name, version=version,
+                             actor=current_actor(),
+                             details={"files": [{"name": f.name, "digest": f.digest}
+                                                for f in added]})
 
     @contextmanager
     def signatures_locked(self, name: str) -> Iterator[None]:

@@ -11,6 +11,8 @@ A store (a directory, or ``s3://bucket/prefix``) holds::
     │   ├── v<N>.exports.json                  the version's export records
     │   └── v<N>.signatures.json               the version's signature records
     ├── aliases/<name>.json                    the model's alias table {alias: version}
+    ├── events/<id, 20 digits>.json            one event of the log (registry/events.py),
+    │                                          written once, never changed
     ├── checked/sha256/<hex>                   the server hashed this blob, uploaded straight to
     │                                          the store, and found it whole (its size)
     ├── exports-pending/sha256/<hex>           an export registration awaits this blob (its size)
@@ -37,6 +39,7 @@ MAX_KEY_LENGTH = 1024
 BLOBS = "blobs/"
 MANIFESTS = "manifests/"
 ALIASES = "aliases/"
+EVENTS = "events/"
 CHECKED = "checked/sha256/"
 EXPORTS_PENDING = "exports-pending/sha256/"
 TOUCHED = "touched/"
@@ -51,6 +54,8 @@ SIGNATURES = ".signatures.json"
 _MANIFEST_KEY_RE = re.compile(rf"manifests/(?P<name>{NAME_PATTERN})/v(?P<version>[1-9][0-9]{{0,9}})"
                               r"(?P<suffix>(?:\.[a-z]+)+)")
 _ALIASES_KEY_RE = re.compile(rf"aliases/(?P<name>{NAME_PATTERN})\.json")
+_EVENT_KEY_RE = re.compile(r"events/(?P<id>[0-9]{20})\.json")
+_EVENT_ID_DIGITS = 20  # 2**63 - 1 has 19: zero-padded, the keys list in id order
 _REBUILD_FIX = ("nothing was restored: remove or repair that object in the store, then run "
                 "`registry db rebuild` again")
 
@@ -143,4 +148,24 @@ def parse_aliases_key(key: object) -> str:
     raise CheckpointError(
         f"store object {quoted(key)} is not aliases/<name>.json with a valid model name, so the "
         f"registry did not write it; {_REBUILD_FIX}"
+    )
+
+
+# -- the event log ---------------------------------------------------------------------------
+
+def event_key(event_id: int) -> str:
+    """The store copy of event ``event_id``: ``events/<id, zero-padded to 20 digits>.json``,
+    so a listing of ``events/`` is in id order."""
+    if not 1 <= event_id < 10**_EVENT_ID_DIGITS:
+        raise ValueError(f"event id {event_id} out of range")
+    return f"{EVENTS}{event_id:0{_EVENT_ID_DIGITS}d}.json"
+
+
+def parse_event_key(key: object) -> int:
+    """The event id of a key ``events/<id>.json``."""
+    if isinstance(key, str) and (match := _EVENT_KEY_RE.fullmatch(key)) and int(match["id"]):
+        return int(match["id"])
+    raise CheckpointError(
+        f"store object {quoted(key)} is not events/<20-digit id>.json, so the registry did not "
+        f"write it; {_REBUILD_FIX}"
     )
