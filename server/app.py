@@ -33,13 +33,13 @@ from registry.wire import status_for
 
 from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
-from .routes import admin, blobs, exports, models, pushes, signatures
+from .routes import admin, blobs, events, exports, models, pushes, signatures
 from .signatures import CommitSignatures
 
 log = logging.getLogger("registry.server")
 
 ROUTERS = (signatures.router, models.router, pushes.router, blobs.router, admin.router,
-           exports.router)
+           exports.router, events.router)
 
 
 def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = None,

@@ -17,7 +17,8 @@ not see answers 404 exactly as a missing one before the route runs. A route that
 name anywhere else (a ref in the query, a blob's owners, a door's own path) calls
 ``caller.check(name)`` itself, and one that lists names filters them (``caller.visible``,
 ``auth.visible_models``). An ``admin`` route without ``{name}`` acts on the whole registry and
-needs a token over all models.
+needs a token over all models. Each also makes the caller's name the actor of the events the
+request's changes append (registry/events.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from registry.backends import LocalBackend
+from registry.events import set_actor
 from registry.refs import validate_name
 from registry.settings import Settings
 
@@ -70,13 +72,16 @@ Changed = Annotated[Callable[[], None], Depends(_changed)]
 
 
 def _need(scope: Scope) -> Any:
-    def caller(request: Request,
-               credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                      Depends(_bearer)]) -> Principal:
+    # Async on purpose: it runs in the request's own context, so the actor it sets is the one
+    # the route (run in a worker thread with a copy of that context) records its events as.
+    async def caller(request: Request,
+                     credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                            Depends(_bearer)]) -> Principal:
         policy: AuthPolicy = request.app.state.auth
         header = f"Bearer {credentials.credentials}" if credentials else None
         principal = policy.authorize(header, scope)
         request.state.principal = principal  # the error handler hides names with it
+        set_actor(principal.name)
         name = request.path_params.get("name")
         if name is not None:
             request.state.model = principal.check(validate_name(name))

@@ -6,6 +6,7 @@
 - ``exports``: export registrations and their blobs;
 - ``signatures``: a version's signature records;
 - ``admin``: health, gc, the MLflow mirror's sync.
+- ``events``: a model's history and the audit log (the event log).
 
 Each route reads what it needs from the app's state (``server.dependencies``).
 """
