@@ -22,6 +22,7 @@ from registry.errors import RegistryError
 from registry.files import version_files
 from registry.gc import blob_digest
 from registry.refs import parse
+from registry.store import layout
 from tests.faults.worker import build, same_weights
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,17 +132,57 @@ def catalog_state(backend: LocalBackend) -> dict[str, Any]:
 
 def rebuild_agrees(backend: LocalBackend) -> list[str]:
     """``registry db rebuild`` from the store alone gives the catalog it replaced."""
-    before = catalog_state(backend)
+    before, history = catalog_state(backend), backend.audit.events()
     try:
         backend.rebuild()
     except RegistryError as exc:
         return [f"db rebuild refused: {type(exc).__name__}: {exc}"]
     after = catalog_state(backend)
+    if backend.audit.events() != history:
+        return ["db rebuild did not restore the event log exactly"]
     if before == after:
         return []
     diff = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     return [f"db rebuild disagrees with the catalog on {k}: catalog {before.get(k)}, "
             f"rebuilt {after.get(k)}" for k in diff]
+
+
+def events_agree(backend: LocalBackend) -> list[str]:
+    """The event log says what the catalog holds: one version.created per visible version (and
+    none for a version that never became visible), the alias tables are the replay of the alias
+    events, and (after gc) the store holds a copy of every event and no other."""
+    found: list[str] = []
+    events = backend.audit.events()
+    made: dict[tuple[str, int], int] = {}
+    aliases: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.kind == "version.created":
+            made[(e.name, e.version)] = made.get((e.name, e.version), 0) + 1  # type: ignore
+        elif e.kind == "version.deleted":
+            made.pop((e.name, e.version), None)  # type: ignore[arg-type]
+        elif e.kind == "alias.set":
+            table = aliases.setdefault(e.name, {})
+            if table.get(e.alias) != e.previous:  # type: ignore[arg-type]
+                found.append(f"event {e.id} says {e.name}@{e.alias} was v{e.previous}, the log "
+                             f"before it says v{table.get(e.alias)}")  # type: ignore[arg-type]
+            table[e.alias] = e.version  # type: ignore[index,assignment]
+        elif e.kind == "alias.deleted":
+            aliases.setdefault(e.name, {}).pop(e.alias, None)  # type: ignore[arg-type]
+    visible = {(r.name, r.version) for name in backend.list_models()
+               for r in backend.list_versions(name)}
+    found += [f"{n}:v{v} is visible without its version.created event"
+              for n, v in sorted(visible - set(made))]
+    found += [f"{n}:v{v} has a version.created event but is not visible"
+              for n, v in sorted(set(made) - visible)]
+    found += [f"{k[0]}:v{k[1]} has {c} version.created events" for k, c in made.items() if c > 1]
+    for name in backend.list_models():
+        if backend.catalog.aliases(name) != aliases.get(name, {}):
+            found.append(f"{name}'s aliases {backend.catalog.aliases(name)} are not the replay "
+                         f"of its events {aliases.get(name, {})}")
+    stored = sorted(backend.store.list(layout.EVENTS))
+    if stored != [layout.event_key(e.id) for e in events]:
+        found.append(f"the store holds {len(stored)} event copies for {len(events)} events")
+    return found
 
 
 def next_push_and_pull(reg: registry.Registry, name: str, seed: int) -> list[str]:
@@ -165,7 +206,7 @@ def after_fault(reg: registry.Registry, name: str, next_seed: int,
     staging = getattr(backend.store, "staging_dir", None)
     if staging is not None:
         temporary.append(Path(staging))
-    found += no_orphans(backend) + no_temporaries(temporary)
+    found += no_orphans(backend) + no_temporaries(temporary) + events_agree(backend)
     found += rebuild_agrees(backend)
     return found
 

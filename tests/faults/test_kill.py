@@ -82,6 +82,30 @@ def test_killed_pushes_leave_nothing_half_done(
     tally.check()
 
 
+def test_killed_alias_moves_leave_no_event_without_its_change(
+        setup: tuple[str, Zygote, registry.Registry]) -> None:
+    """A process moving an alias over and over, SIGKILLed at a random moment: every move that
+    committed has its event with the right ``previous``, and no event exists for a move that
+    did not (tests/faults/invariants.events_agree)."""
+    where, zygote, reg = setup
+    rng = random.Random(f"{SEED}-moves-{where}")
+    tally = Tally(f"SIGKILL alias moves ({where})", SEED)
+    for seed in (1, 2, 3):
+        reg.push(build(seed), "moved", tags={"seed": str(seed)})
+    job = {"op": "moves", "name": "moved", "count": 40, "versions": 3}
+    outcome, measured = zygote.run(job)
+    assert outcome == "ok", f"unkilled alias moves failed (seed {SEED}):\n{zygote.log_tail()}"
+    seen: dict[str, str] = {}
+    for i in range(TRIALS):
+        delay = rng.uniform(0, measured)
+        outcome, _ = zygote.run(job, kill_after=delay)
+        found = ["unkilled alias moves failed"] if outcome == "failed" else []
+        found += after_fault(reg, "moved", next_seed=700 + i, seen=seen)
+        tally.record(f"trial {i}, kill after {delay:.3f}s of {measured:.3f}s ({outcome})",
+                     found, outcome)
+    tally.check()
+
+
 def test_killed_pulls_leave_nothing_half_done(
         setup: tuple[str, Zygote, registry.Registry]) -> None:
     where, zygote, reg = setup

@@ -45,6 +45,10 @@ def run(job: dict[str, Any]) -> int:
             reg.push(build(job["seed"]), job["name"], tags={"seed": str(job["seed"])},
                      aliases=["production"])
             return 0
+        if job["op"] == "moves":  # alias moves, each a change with its event
+            for i in range(job["count"]):
+                reg.set_alias(job["name"], "production", 1 + i % job["versions"])
+            return 0
         state = reg.pull_state_dict(job["ref"], device="cpu")
         return 0 if same_weights(state, job["seed"]) else 3
     finally:

@@ -227,7 +227,7 @@ def _drop_registry_tables(engine: Any) -> None:
 
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS registry_aliases, registry_version_files, "
-                          "registry_exports, registry_versions, "
+                          "registry_exports, registry_events, registry_versions, "
                           "registry_models, registry_alembic_version CASCADE"))
 
 
