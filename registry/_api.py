@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from .client import ModelInput, Registry
-from .provenance.lineage import Lineage
 from .devices import DeviceRequest, DtypeRequest
 from .events import Event
 from .exports import Artifact, ExportFormat
@@ -26,6 +25,7 @@ from .manifest import ModelVersion
 from .materialize import ModelSpec
 from .oci.results import OciPush
 from .placement import DeviceMap, NoSplit
+from .provenance.lineage import Lineage
 from .refs import Ref
 from .settings import Settings
 from .signing import Signature
