@@ -13,6 +13,7 @@ from registry.validate import DEFAULT_PAGE, MAX_PAGE
 from registry.versions import parse_since
 from registry.wire import API
 
+from ..auth import Principal
 from ..dependencies import Backend, admin, read
 
 router = APIRouter(prefix=API)
@@ -32,7 +33,7 @@ def model_events(name: str, local: Backend, limit: PageSize = DEFAULT_PAGE,
                  since: Annotated[str | None, Query(max_length=64,
                                                     description="Only events at or after this "
                                                                 "ISO-8601 time.")] = None,
-                 _caller: str = read) -> dict[str, Any]:
+                 _caller: Principal = read) -> dict[str, Any]:
     """A model's events, oldest first, one page at a time."""
     events = local.audit.history(validate_name(name),
                                    None if alias is None else validate_alias(alias),
@@ -42,7 +43,7 @@ def model_events(name: str, local: Backend, limit: PageSize = DEFAULT_PAGE,
 
 @router.get("/events", tags=["events"])
 def all_events(local: Backend, limit: PageSize = DEFAULT_PAGE, since_id: SinceId = None,
-               _caller: str = admin) -> dict[str, Any]:
+               _caller: Principal = admin) -> dict[str, Any]:
     """Every model's events (the audit log), oldest first, one page at a time."""
     return _page(local.audit.events(since_id=since_id, limit=limit + 1), limit)
 
