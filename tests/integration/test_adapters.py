@@ -399,3 +399,32 @@ def test_each_lora_layer_lands_on_its_base_layers_device(reg: Registry) -> None:
     devices = {name: p.device.type for name, p in attached.named_parameters()
                if ".lora_" in name}
     assert devices and all((d == "meta") == (".h.1." in n) for n, d in devices.items()), devices
+
+
+def test_the_delete_guard_does_not_name_adapters_a_limited_token_cannot_see(
+        reg: Registry, home, tmp_path) -> None:
+    """Through a token limited to team-a-*, the 409 counts an adapter of another team over the
+    base but does not name it; the guard still holds."""
+    from fastapi.testclient import TestClient
+
+    from registry.settings import Settings
+    from server.app import create_app
+    from server.auth import AuthFile, AuthPolicy
+
+    reg.push(_base(), "team-a-base")
+    reg.push(_lora(_base()), "team-a-lora", base="team-a-base:v1")
+    reg.push(_lora(_base()), "team-b-lora", base="team-a-base:v1")
+    tokens = AuthFile(tmp_path / "auth.json")
+    limited = tokens.create("team-a", ["admin"], ("team-a-*",))
+    boss = tokens.create("boss", ["admin"])
+    app = create_app(Settings.from_env(home=home), auth=AuthPolicy("tokens", tokens))
+    with TestClient(app) as client:
+        for token, named in ((limited, "team-a-lora:v1 and 1 more"),
+                             (boss, "team-a-lora:v1, team-b-lora:v1")):
+            answer = client.delete("/api/v1/models/team-a-base/versions/1",
+                                   headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 409, answer.text
+            message = answer.json()["error"]["message"]
+            assert "base of 2 adapter version(s)" in message and named in message, message
+            assert ("team-b" in message) == (token == boss)
+    assert reg.show("team-a-base:v1")

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 import registry
-from registry.errors import ForbiddenError, UnauthorizedError
+from registry.errors import ForbiddenError, NotFoundError, SettingsError, UnauthorizedError
 from server.auth import AuthFile, AuthPolicy, is_loopback, parse_scopes
-from tests.helpers import clean_env, run_cli, trained_mlp
+from tests.helpers import assert_same_state, clean_env, run_cli, trained_mlp
 from tests.integration.serving import Service, free_port, registry_exe, registry_server
 
 SCOPES = {"reader": "read", "writer": "read,write", "boss": "admin"}
@@ -203,3 +203,99 @@ def test_a_named_auth_file_that_is_missing_stops_the_server(tmp_path: Path) -> N
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2  # never a silently open server
     assert f"REGISTRY_AUTH_FILE {missing} does not exist" in result.stderr
+
+
+# -- per-model scopes (--models) ---------------------------------------------------------------
+
+def test_a_token_limited_to_team_a_models(secured: tuple[Service, dict[str, str]],
+                                          tmp_path: Path) -> None:
+    """Made by the real CLI, a `--models 'team-a-*'` token pushes and pulls team-a models and
+    finds no other: NotFoundError as for a missing model, and lists without them."""
+    service, tokens = secured
+    auth_file = service.auth_file  # type: ignore[attr-defined]
+    env = clean_env(tmp_path / "home")
+    made = run_cli("token", "create", "team-a-ci", "--scopes", "read,write", "--models",
+                   "team-a-*, shared", "--auth-file", str(auth_file), env=env, check=True)
+    limited = made.stdout.strip()
+    assert "models team-a-*,shared" in made.stderr
+    boss = registry.Registry(service.url, token=tokens["boss"], home=tmp_path / "boss")
+    team_a = registry.Registry(service.url, token=limited, home=tmp_path / "team-a")
+    try:
+        boss.push(trained_mlp(1), "team-b-y", aliases=["production"])
+        mv = team_a.push(trained_mlp(2), "team-a-x")
+        assert_same_state(team_a.pull_state_dict("team-a-x", device="cpu"),
+                          trained_mlp(2).state_dict())
+        assert team_a.list_models() == ["team-a-x"]
+        assert "team-b-y" in boss.list_models() and "team-a-x" in boss.list_models()
+        for ref in ("team-b-y", "team-b-y:v1", "team-b-y@production"):
+            with pytest.raises(NotFoundError) as hidden:
+                team_a.show(ref)
+            with pytest.raises(NotFoundError) as missing:
+                team_a.show(ref.replace("team-b-y", "team-b-zzz"))
+            assert str(hidden.value).replace("team-b-y", "N") == \
+                str(missing.value).replace("team-b-zzz", "N")
+            assert "latest is" not in str(hidden.value)
+        with pytest.raises(NotFoundError):
+            team_a.pull_state_dict("team-b-y", device="cpu")
+        with pytest.raises(NotFoundError):
+            team_a.push(trained_mlp(3), "team-b-y")
+        with pytest.raises(NotFoundError):
+            team_a.set_alias("team-b-y", "production", 1)
+        assert boss.show("team-b-y@production").version == 1
+        assert boss.show("team-a-x").digest == mv.digest
+    finally:
+        boss.close()
+        team_a.close()
+    listed = run_cli("token", "ls", "--auth-file", str(auth_file), env=env, check=True)
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:]}
+    assert listed.stdout.splitlines()[0].split() == ["NAME", "SCOPES", "MODELS", "CREATED"]
+    assert rows["team-a-ci"][1:3] == ["read,write", "team-a-*,shared"]
+    assert rows["boss"][1:3] == ["admin", "*"]
+    assert limited not in listed.stdout
+    as_json = run_cli("token", "ls", "--json", "--auth-file", str(auth_file), env=env,
+                      check=True)
+    entries = {e["name"]: e for e in map(json.loads, as_json.stdout.splitlines())}
+    assert entries["team-a-ci"]["models"] == ["team-a-*", "shared"]
+    assert entries["boss"]["models"] is None and "sha256" not in entries["boss"]
+    AuthFile(auth_file).revoke("team-a-ci")
+
+
+def test_bad_model_patterns_are_refused_naming_them(tmp_path: Path) -> None:
+    env = clean_env(tmp_path / "home")
+    auth_file = tmp_path / "auth.json"
+    for patterns, says in (("Team-A-*", "invalid model pattern 'Team-A-*'"),
+                           ("team-a-*,^team.*$", "invalid model pattern '^team.*$'"),
+                           (",", "no model patterns given"),
+                           ("x" * 129, "invalid model pattern"),
+                           (",".join(f"m{i}" for i in range(40)), "at most 32")):
+        bad = run_cli("token", "create", "ci", "--models", patterns, "--auth-file",
+                      str(auth_file), env=env)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+        assert bad.stdout == "" and not auth_file.exists()
+    # A hand-edited file with a bad pattern is refused at start, naming the token.
+    auth_file.write_text(json.dumps({"tokens": [{"name": "ci", "sha256": "0" * 64,
+                                                 "scopes": ["read"], "models": ["a/(b"]}]}))
+    with pytest.raises(SettingsError, match="token 'ci': invalid model pattern 'a/\\(b'"):
+        AuthPolicy.for_server("127.0.0.1", auth_file=auth_file, allow_anonymous=False)
+
+
+def test_an_auth_file_written_before_model_scopes_means_all_models(tmp_path: Path) -> None:
+    """A file of the old shape (no "models") still serves every model to its tokens."""
+    token = "reg_" + "o" * 43
+    auth_file = tmp_path / "auth.json"
+    auth_file.write_text(json.dumps({"tokens": [{
+        "name": "old", "sha256": hashlib.sha256(token.encode()).hexdigest(),
+        "scopes": ["read", "write"], "created_at": "2026-11-01T00:00:00+00:00"}]}))
+    with registry_server(tmp_path / "home", tmp_path,
+                         env_extra={"REGISTRY_AUTH_FILE": str(auth_file)}) as service:
+        old = registry.Registry(service.url, token=token, home=tmp_path / "client")
+        try:
+            old.push(trained_mlp(), "team-a-x")
+            old.push(trained_mlp(1), "team-b-y")
+            assert old.list_models() == ["team-a-x", "team-b-y"]
+            assert old.show("team-b-y").version == 1
+        finally:
+            old.close()
+    listed = run_cli("token", "ls", "--auth-file", str(auth_file),
+                     env=clean_env(tmp_path / "home"), check=True)
+    assert listed.stdout.splitlines()[1].split()[:3] == ["old", "read,write", "*"]
