@@ -67,6 +67,7 @@ globals().pop("events")
 
 if typing.TYPE_CHECKING:
     from ._api import (
+        cache_list,
         default_registry,
         delete_alias,
         delete_version,
@@ -80,6 +81,8 @@ if typing.TYPE_CHECKING:
         list_exports,
         list_models,
         list_versions,
+        prefetch,
+        prune_cache,
         pull,
         pull_export,
         pull_files,
@@ -95,6 +98,7 @@ if typing.TYPE_CHECKING:
     )
     from .client import Registry
     from .exports import Artifact
+    from .prefetching import PrefetchReport
     from .provenance.lineage import Lineage
 
 # The names that need torch, loaded on first use (PEP 562): `import registry` alone, and with it
@@ -102,14 +106,15 @@ if typing.TYPE_CHECKING:
 # gc, token, db, store), never imports torch, which costs seconds.
 _LAZY = {
     **{name: "._api" for name in (
-        "default_registry", "delete_alias", "delete_version", "events", "export", "gc",
-        "history", "import_oci", "lineage", "list_adapters", "list_exports", "list_models",
-        "list_versions", "pull", "pull_export",
+        "cache_list", "default_registry", "delete_alias", "delete_version", "events", "export",
+        "gc", "history", "import_oci", "lineage", "list_adapters", "list_exports",
+        "list_models", "list_versions", "prefetch", "prune_cache", "pull", "pull_export",
         "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
         "set_tags", "show", "sign", "verify")},
     "Registry": ".client",
     "Artifact": ".exports",
     "Lineage": ".provenance.lineage",
+    "PrefetchReport": ".prefetching",
 }
 
 
@@ -153,6 +158,7 @@ __all__ = [
     "OciArtifactError",
     "OciPush",
     "OciUnavailableError",
+    "PrefetchReport",
     "PushKeyConflictError",
     "QuantizationError",
     "Ref",
@@ -175,6 +181,7 @@ __all__ = [
     "UntrustedFactoryError",
     "VersionAliasedError",
     "VersionExistsError",
+    "cache_list",
     "default_registry",
     "delete_alias",
     "delete_version",
@@ -189,6 +196,8 @@ __all__ = [
     "list_models",
     "list_versions",
     "parse_ref",
+    "prefetch",
+    "prune_cache",
     "pull",
     "pull_export",
     "pull_files",

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .cachedir import CacheListing, PruneReport
 from .client import ModelInput, Registry
 from .devices import DeviceRequest, DtypeRequest
 from .events import Event
@@ -24,7 +25,9 @@ from .gc import GcReport
 from .manifest import ModelVersion
 from .materialize import ModelSpec
 from .oci.results import OciPush
+from .parallel import DOWNLOAD_CONCURRENCY
 from .placement import DeviceMap, NoSplit
+from .prefetching import PrefetchReport
 from .provenance.lineage import Lineage
 from .refs import Ref
 from .settings import Settings
@@ -139,6 +142,21 @@ def history(name: str, alias: str | None = None, *, since: datetime | str | None
 
 def events(*, since_id: int | None = None, limit: int | None = None) -> list[Event]:
     return default_registry().events(since_id=since_id, limit=limit)
+def prefetch(ref: str | Ref, *, files: bool = True,
+             jobs: int = DOWNLOAD_CONCURRENCY) -> PrefetchReport:
+    """Every blob of ``ref`` verified in the local cache; see :meth:`Registry.prefetch`."""
+    return default_registry().prefetch(ref, files=files, jobs=jobs)
+
+
+def cache_list() -> CacheListing:
+    """What the local cache holds; see :meth:`Registry.cache_list`."""
+    return default_registry().cache_list()
+
+
+def prune_cache(*, keep: Iterable[str | Ref] = (), max_size: int | str | None = None,
+                older_than: str | timedelta | None = None) -> PruneReport:
+    """Bound the local cache; see :meth:`Registry.prune_cache`."""
+    return default_registry().prune_cache(keep=keep, max_size=max_size, older_than=older_than)
 
 
 def export(ref: str | Ref, *, format: ExportFormat = "onnx",

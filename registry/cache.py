@@ -3,6 +3,8 @@
 Layout under the cache directory (as huggingface_hub's ``blobs/``)::
 
     blobs/sha256/<hex>     read-only, verified copies of remote blobs
+    locks/sha256/<hex>.lock  the blob's lock (``fcntl.flock``; see "One download per blob"),
+                           kept out of blobs/ so that blobs/ only ever holds verified bytes
     tmp/                   downloads in progress; renamed into blobs/ only after verification
     verified/<hex>-<id>    memo: (size, mtime, ctime, inode) of a file whose hash matched
     signatures/<hex>       memo: the signer of a signature check by a trusted key that passed
@@ -11,18 +13,29 @@ Layout under the cache directory (as huggingface_hub's ``blobs/``)::
 A file is loaded only after its sha256 matched, either now or when the memo was written for the
 same size, mtime, ctime and inode. Any change to the file (even one that restores the mtime
 changes the ctime) makes it be hashed again.
+
+One download per blob, however many processes share the cache: a blob's lock file is locked
+exclusively (``flock``) by the one process that downloads and verifies it; the others wait on
+it, then open the verified file. The kernel releases the lock of a process that dies, so a
+waiter whose downloader was killed takes the lock and downloads itself: only a file that was
+verified is ever renamed into ``blobs/``, so a partial download is never seen. A reader holds
+the lock shared for as long as its verified file stays open (``BlobCache.open``), and
+``registry cache prune`` removes only blobs whose lock it takes exclusively without waiting:
+a blob in use by a pull is never removed under it (registry/cachedir.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,6 +50,8 @@ MAX_HELD = 1024
 # How often an open file that changed while it was hashed (a touch, a rename over it) is hashed
 # again before it is refused; only a hash during which it did not change is believed.
 HASH_ATTEMPTS = 3
+# A blob's lock file is its path with this suffix (never a digest: those are hex only).
+LOCK_SUFFIX = ".lock"
 
 
 def _identity(path: Path, fd: int | None = None) -> list[int]:
@@ -52,14 +67,15 @@ def _of(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def open_blob_file(path: Path, size: int | None, *, what: str) -> BinaryIO:
+def open_blob_file(path: Path, size: int | None, *, what: str,
+                   file_class: type[io.FileIO] = io.FileIO) -> BinaryIO:
     """``path`` opened for reading, refused (:class:`DigestMismatchError`) unless it is a
     regular file of ``size`` bytes: a link to ``/dev/zero`` would be hashed forever, a FIFO
     would block the open, a folder fail with a raw ``IsADirectoryError``. The checks are made
     on the open file (``O_NONBLOCK``: a FIFO's open returns at once), before a byte is read."""
     try:
-        fh = open(path, "rb", buffering=0,  # noqa: SIM115 - returned to the caller
-                  opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK | os.O_CLOEXEC))
+        fh = file_class(path, "rb",  # returned to the caller
+                        opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK | os.O_CLOEXEC))
     except IsADirectoryError:
         raise DigestMismatchError(f"{what} {path} is a folder, not a file; it was not loaded. "
                                   "Remove it and push the same weights again") from None
@@ -160,14 +176,15 @@ class VerifiedFiles:
         """Raise DigestMismatchError unless ``path`` hashes to ``digest`` (memo first)."""
         self.open(path, digest, what=what, size=size).close()
 
-    def open(self, path: Path, digest: str, *, what: str, size: int | None = None) -> BinaryIO:
+    def open(self, path: Path, digest: str, *, what: str, size: int | None = None,
+             file_class: type[io.FileIO] = io.FileIO) -> BinaryIO:
         """``path`` opened for reading (at offset 0), its bytes those of ``digest``: checked by
         the memo against this open file's identity, else hashed through it. The caller maps or
         reads the file it gets, so the bytes it loads are the bytes that were checked, even if
         ``path`` is replaced meanwhile. Type and size are checked first (:func:`open_blob_file`);
         a file that changed while it was hashed is hashed again, and refused if it keeps
         changing."""
-        fh = open_blob_file(path, size, what=what)
+        fh = open_blob_file(path, size, what=what, file_class=file_class)
         try:
             fd = fh.fileno()
             if self.is_verified(path, digest, fd=fd):
@@ -194,8 +211,24 @@ class VerifiedFiles:
         return fh
 
 
+class HeldFile(io.FileIO):
+    """A verified cache file, open, that holds its blob's lock shared until it is closed: while
+    a pull reads or maps it, ``registry cache prune`` leaves the blob alone."""
+
+    lock_fd: int | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.lock_fd is not None:
+                fd, self.lock_fd = self.lock_fd, None
+                os.close(fd)  # the last descriptor of the lock file: the lock is released
+
+
 class BlobCache:
-    """Verified local copies of blobs fetched from a remote store."""
+    """Verified local copies of blobs fetched from a remote store, one download per blob however
+    many threads and processes ask (see the module's docstring)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -204,6 +237,11 @@ class BlobCache:
     def path(self, digest: str) -> Path:
         # The digest may come from a server's answer: it becomes a path only once it is checked.
         return self.root / "blobs" / "sha256" / hexdigest(digest)
+
+    def lock_path(self, digest: str) -> Path:
+        """The blob's lock file (under ``locks/``, the same name as the blob's with
+        :data:`LOCK_SUFFIX`)."""
+        return self.root / "locks" / "sha256" / f"{hexdigest(digest)}{LOCK_SUFFIX}"
 
     def holds_verified(self) -> bool:
         """Whether any blob here has a verification memo (none: nothing here to compare)."""
@@ -227,16 +265,74 @@ class BlobCache:
         self.open(digest, download, size).close()
         return self.path(digest)
 
+    def holds(self, digest: str, size: int | None = None) -> bool:
+        """Whether the cache holds verified bytes of ``digest`` now (hashed if no memo vouches
+        for them); nothing is downloaded."""
+        target = self.path(digest)
+        if not os.path.lexists(target):
+            return False
+        with self.locked(digest, exclusive=False):
+            try:
+                self.verified.open(target, digest, what="cached blob", size=size).close()
+            except (DigestMismatchError, FileNotFoundError):
+                return False
+        return True
+
     def open(self, digest: str, download: Callable[[Path], str | None],
              size: int | None = None) -> BinaryIO:
-        """:meth:`get`, returning the verified file open (see :meth:`VerifiedFiles.open`)."""
+        """:meth:`get`, returning the verified file open (see :meth:`VerifiedFiles.open`),
+        holding the blob's lock shared until it is closed. While another process downloads the
+        blob this waits for it, then opens what it verified; if that process dies, this one
+        downloads."""
         target = self.path(digest)
-        if os.path.lexists(target):
-            try:
-                return self.verified.open(target, digest, what="cached blob", size=size)
-            except DigestMismatchError:
-                _remove(target)  # a corrupt cache entry is discarded and fetched again
         target.parent.mkdir(parents=True, exist_ok=True)
+        lock = self._lock(digest, fcntl.LOCK_SH)  # waits while a download or a prune holds it
+        try:
+            fh = self._open_held(target, digest, size, lock)
+            if fh is not None:
+                return fh
+            # Not here, or corrupt: take the lock alone (another waiter may have fetched it by
+            # the time we have it), then fetch, then share the lock again to read.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fh = self._open_held(target, digest, size, lock, discard=True)
+            if fh is not None:
+                return fh
+            self._download(digest, target, download)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fh = self._open_held(target, digest, size, lock)
+            if fh is None:
+                raise DigestMismatchError(f"cached blob {target} vanished right after it was "
+                                          "verified; pull again")
+            return fh
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(lock)
+            raise
+
+    def _open_held(self, target: Path, digest: str, size: int | None, lock: int, *,
+                   discard: bool = False) -> BinaryIO | None:
+        """The verified file at ``target`` holding ``lock`` once open, or None when there is no
+        such file (or, with ``discard``, a corrupt one, which is then removed: this process
+        holds the lock alone)."""
+        if not os.path.lexists(target):
+            return None
+        try:
+            fh = self.verified.open(target, digest, what="cached blob", size=size,
+                                    file_class=HeldFile)
+        except FileNotFoundError:
+            return None
+        except DigestMismatchError:
+            if discard:
+                _remove(target)  # a corrupt cache entry is discarded and fetched again
+            return None
+        assert isinstance(fh, HeldFile)
+        fh.lock_fd = lock
+        with contextlib.suppress(OSError):
+            os.utime(lock)  # the blob's last use, for ``registry cache prune --older-than``
+        return fh
+
+    def _download(self, digest: str, target: Path, download: Callable[[Path], str | None]
+                  ) -> None:
         fd, name = tempfile.mkstemp(dir=self.tmp_dir(), prefix=f"{hexdigest(digest)[:16]}-")
         os.close(fd)
         tmp = Path(name)
@@ -252,7 +348,57 @@ class BlobCache:
         finally:
             tmp.unlink(missing_ok=True)
         self.verified.remember(target, digest)
-        return self.verified.open(target, digest, what="cached blob", size=size)
+
+    @contextlib.contextmanager
+    def locked(self, digest: str, *, exclusive: bool) -> Iterator[None]:
+        """The blob's lock held (waiting for it) inside the ``with``."""
+        lock = self._lock(digest, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            os.close(lock)
+
+    def try_remove(self, digest: str) -> int | None:
+        """Remove the blob, its memos and its lock file if no process uses it (its lock taken
+        alone without waiting); the bytes freed, or None when it is busy (a pull reads it, or
+        it is being downloaded)."""
+        try:
+            lock = self._lock(digest, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        try:
+            target = self.path(digest)
+            try:
+                freed = target.lstat().st_size
+            except FileNotFoundError:
+                freed = 0
+            self.verified.forget(target, digest)
+            _remove(target)
+            # Unlinked while held: a process waiting on this lock file sees it is no longer the
+            # one at the path, and locks the new one (:meth:`_lock`).
+            self.lock_path(digest).unlink(missing_ok=True)
+            return freed
+        finally:
+            os.close(lock)
+
+    def _lock(self, digest: str, operation: int) -> int:
+        """A descriptor of the blob's lock file, locked with ``operation``; the file locked is
+        the one at the path now (one removed meanwhile by a prune is let go and the new one
+        taken). Raises BlockingIOError for a ``LOCK_NB`` lock that is held."""
+        path = self.lock_path(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, operation)
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
 
 
 def _remove(path: Path) -> None:

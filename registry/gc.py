@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from .cache import BlobCache
+from .errors import RefError
 from .store import ObjectStore, layout
 from .store.layout import blob_digest, parse_blob_key
 
@@ -91,9 +93,15 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
         report.deleted.append(blob_digest(key))
         report.freed_bytes += size
     if cache_blobs is not None and cache_blobs.is_dir():
+        cache = BlobCache(cache_blobs.parent)
         for path in cache_blobs.glob("*/*"):
-            if f"{path.parent.name}:{path.name}" not in keep:
-                path.unlink(missing_ok=True)
+            digest = f"{path.parent.name}:{path.name}"
+            if digest in keep:
+                continue
+            try:
+                cache.try_remove(digest)  # a blob a pull reads or downloads now stays
+            except RefError:
+                path.unlink(missing_ok=True)  # not a blob's name: nothing locks it
     for directory in dict.fromkeys(temporary_dirs):
         _sweep(directory, now - grace, report)
     log.info("gc deleted %d blobs (%d bytes), kept %d (%d younger than %s), removed %d "

@@ -27,20 +27,19 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from . import adapters, architectures, placement, prefault, quantized
+from . import adapters, architectures, cachedir, placement, prefault, quantized
 from . import devices as dev
 from . import materialize as mat
 from .backends import Backend
-from .cache import SIGNATURE_MEMOS
 from .catalog.records import VersionRecord
 from .files import weight_files
 from .oci.door import opened
 from .parallel import as_ready
 from .placement import DeviceMap, NoSplit
+from .prefetching import resolved
 from .record_check import checked
 from .refs import Ref, parse
 from .settings import Settings
-from .signing import service as signing
 from .staging import Stagings
 from .statedict import ordered_state
 from .weights import DtypeFor, load_shard
@@ -64,8 +63,11 @@ class Target:
 
 def resolve(backend: Backend, settings: Settings, ref: str | Ref) -> VersionRecord:
     """The record ``ref`` names, checked (:func:`checked`) and passed by the signature policy
-    (REGISTRY_VERIFY): before any byte of the version is loaded."""
-    return verified(backend, settings, checked(backend.resolve(parse(ref))))
+    (REGISTRY_VERIFY): before any byte of the version is loaded. The cache writes down that it
+    serves the version (``registry cache ls``)."""
+    record = resolved(backend, settings, parse(ref))
+    cachedir.remember(settings.cache_dir, record)
+    return record
 
 
 def is_oci(ref: str | Ref) -> TypeGuard[str]:
@@ -84,14 +86,6 @@ def opened_files(backend: Backend, settings: Settings, ref: str | Ref
             yield checked(record), lambda digest, size: os.fdopen(fetch(digest, size), "rb")
         return
     yield resolve(backend, settings, ref), backend.open_blob
-
-
-def verified(backend: Backend, settings: Settings, record: VersionRecord) -> VersionRecord:
-    """``record`` once the signature policy passed it."""
-    signing.enforce(backend.signatures, record.manifest, settings.verify,
-                    public_keys=settings.trusted_keys, certificates=settings.trusted_certs,
-                    remembered=settings.cache_dir / SIGNATURE_MEMOS)
-    return record
 
 
 def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *,

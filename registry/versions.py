@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from . import cachedir, prefetching
 from .backends import Backend, LocalBackend
+from .cachedir import CacheListing, PruneReport
 from .catalog.records import VersionRecord
 from .errors import ReferencedVersionError, RefError, SettingsError
 from .events import MAX_EVENT_ID, Event
 from .exports import Artifact
 from .gc import GcReport
 from .manifest import ModelVersion
+from .parallel import DOWNLOAD_CONCURRENCY
+from .prefetching import PrefetchReport
 from .provenance import lineage
 from .provenance.lineage import Lineage
 from .record_check import checked
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
 from .remote import RemoteBackend
-from .settings import Settings
+from .settings import Settings, parse_duration, parse_size
 from .signing.records import Signature
 from .store import ObjectStore
 from .validate import strict_int
@@ -175,6 +179,35 @@ class Versions:
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""
         return self._backend.gc()
+
+    # -- the local cache ------------------------------------------------------------------
+
+    def prefetch(self, ref: str | Ref, *, files: bool = True,
+                 jobs: int = DOWNLOAD_CONCURRENCY) -> PrefetchReport:
+        """Every blob of ``ref`` (with ``files``, its attached files too) verified in the local
+        cache without building the model (an init container's or a node cache's job); a
+        second call fetches nothing (``report.already_cached``). ``jobs``: blobs fetched at
+        once. One download per blob however many processes prefetch or pull it at once."""
+        return prefetching.prefetch(self._backend, self.settings, ref, files=files, jobs=jobs)
+
+    def cache_list(self) -> CacheListing:
+        """The versions and bytes the local cache (REGISTRY_CACHE_DIR) holds."""
+        return cachedir.listing(self.settings.cache_dir)
+
+    def prune_cache(self, *, keep: Iterable[str | Ref] = (), max_size: int | str | None = None,
+                    older_than: str | timedelta | None = None) -> PruneReport:
+        """Remove cached blobs and signature memos: those unused for ``older_than``, then the
+        least recently used until the cache holds at most ``max_size``; with neither, all.
+        Blobs of ``keep`` (refs, resolved here) stay, and so does any blob a pull reads now."""
+        kept: set[str] = set()
+        for ref in keep:
+            record = self._backend.resolve(parse(ref))
+            kept.update(f.digest for f in prefetching.blobs_of(record, files=True))
+        return cachedir.prune(
+            self.settings.cache_dir, keep=kept,
+            max_size=None if max_size is None else parse_size(max_size, "max_size"),
+            older_than=None if older_than is None else parse_duration(older_than,
+                                                                      "older_than"))
 
     def close(self) -> None:
         self._backend.close()
