@@ -83,8 +83,6 @@ class Backend(Protocol):
 
     def open_blob(self, digest: str, size: int) -> BinaryIO: ...
 
-    def holds_blob(self, digest: str, size: int) -> bool: ...  # verified here: no download
-
     def list_models(self) -> list[str]: ...
     def list_versions(self, name: str) -> list[VersionRecord]: ...
     def set_alias(self, name: str, alias: str, version: int) -> VersionRecord: ...
@@ -370,12 +368,6 @@ class LocalBackend:
                 return self.store.get_to_file(key, tmp, progress=progress, size=size)
 
         return self.cache.open(digest, download, size)
-
-    def holds_blob(self, digest: str, size: int) -> bool:
-        local = self.store.open_local(mf.blob_key(digest))
-        if local is not None:  # read in place: verified (memo, else hashed) as a pull does
-            self.verified.verify(local, digest, what="stored blob", size=size)
-        return local is not None or self.cache.holds(digest, size)
 
     # -- reads and changes ----------------------------------------------------------------
 

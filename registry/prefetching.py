@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import cachedir
 from ._progress import transfer
-from .cache import SIGNATURE_MEMOS
+from .cache import SIGNATURE_MEMOS, BlobCache
 from .catalog.records import VersionRecord
 from .errors import RefError
 from .files import VersionFile, attached_files, total_size, unique_by_digest, weight_files
@@ -74,11 +75,14 @@ def prefetch(backend: Backend, settings: Settings, ref: str | Ref, *, files: boo
                                                       digest=str(base.get("digest"))))
         wanted = unique_by_digest(wanted + blobs_of(base_record, files=False))
         cachedir.remember(settings.cache_dir, base_record)
-    missing = [f for f in wanted if not backend.holds_blob(f.digest, f.size)]
+    cache = BlobCache(settings.cache_dir)  # the one the backend downloads into
+    missing = [f for f in wanted if not cache.holds(f.digest, f.size)]
     origin = f"{record.name}:v{record.version}"
     with transfer(total_size(missing), f"prefetch {origin}") as progress:
-        fetch_all(backend, missing, progress, jobs)
-    # Those held were verified by holds_blob; the memo says which version they make up.
+        opened = fetch_all(backend, missing, progress, jobs)
+    # A store on this filesystem is read in place (verified there): nothing was fetched.
+    missing = [f for f, path in zip(missing, opened, strict=True)
+               if path.is_relative_to(cache.root)]
     cachedir.remember(settings.cache_dir, record)
     return PrefetchReport(origin, record.digest, len(wanted), total_size(wanted), len(missing),
                           total_size(missing))
@@ -102,8 +106,11 @@ def blobs_of(record: VersionRecord, *, files: bool) -> list[VersionFile]:
 
 
 def fetch_all(backend: Backend, missing: Sequence[VersionFile], progress: Callable[[int], None],
-              jobs: int) -> None:
-    def fetch(f: VersionFile) -> None:
-        backend.open_blob(f.digest, f.size).close()
-        progress(f.size)
-    concurrently(fetch, missing, workers=jobs)
+              jobs: int) -> list[Path]:
+    """Each of ``missing`` opened through the backend (downloaded into the cache and verified,
+    or verified where it lies); the paths they were opened at."""
+    def fetch(f: VersionFile) -> Path:
+        with backend.open_blob(f.digest, f.size) as fh:
+            progress(f.size)
+            return Path(str(fh.name))
+    return concurrently(fetch, missing, workers=jobs)

@@ -155,9 +155,6 @@ class RemoteBackend:
     def open_blob(self, digest: str, size: int) -> BinaryIO:
         return self.transport.open_blob(digest, size)
 
-    def holds_blob(self, digest: str, size: int) -> bool:
-        return self.cache.holds(digest, size)
-
     # -- reads and changes ----------------------------------------------------------------
 
     def list_models(self) -> list[str]:
