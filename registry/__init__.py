@@ -50,6 +50,8 @@ from .errors import (
     UntrustedFactoryError,
     VersionAliasedError,
     VersionExistsError,
+    WebhookSignatureError,
+    WebhookTargetError,
 )
 from .events import Event
 from .gc import GcReport
@@ -59,6 +61,7 @@ from .refs import Ref
 from .refs import parse as parse_ref
 from .settings import Settings
 from .signing import Signature
+from .webhooks import Webhook
 
 # Loading the submodules `registry.gc` (for GcReport) and `registry.events` (for Event) bound
 # their names here; `gc` and `events` are the verbs.
@@ -67,6 +70,7 @@ globals().pop("events")
 
 if typing.TYPE_CHECKING:
     from ._api import (
+        add_webhook,
         cache_list,
         default_registry,
         delete_alias,
@@ -81,6 +85,7 @@ if typing.TYPE_CHECKING:
         list_exports,
         list_models,
         list_versions,
+        list_webhooks,
         prefetch,
         prune_cache,
         pull,
@@ -89,12 +94,15 @@ if typing.TYPE_CHECKING:
         pull_state_dict,
         push,
         push_oci,
+        remove_webhook,
         save_pretrained,
         set_alias,
         set_tags,
         show,
         sign,
+        test_webhook,
         verify,
+        webhook_deliveries,
     )
     from .client import Registry
     from .exports import Artifact
@@ -110,7 +118,8 @@ _LAZY = {
         "gc", "history", "import_oci", "lineage", "list_adapters", "list_exports",
         "list_models", "list_versions", "prefetch", "prune_cache", "pull", "pull_export",
         "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained", "set_alias",
-        "set_tags", "show", "sign", "verify")},
+        "set_tags", "show", "sign", "verify", "add_webhook", "list_webhooks",
+        "remove_webhook", "test_webhook", "webhook_deliveries")},
     "Registry": ".client",
     "Artifact": ".exports",
     "Lineage": ".provenance.lineage",
@@ -181,6 +190,10 @@ __all__ = [
     "UntrustedFactoryError",
     "VersionAliasedError",
     "VersionExistsError",
+    "Webhook",
+    "WebhookSignatureError",
+    "WebhookTargetError",
+    "add_webhook",
     "cache_list",
     "default_registry",
     "delete_alias",
@@ -195,6 +208,7 @@ __all__ = [
     "list_exports",
     "list_models",
     "list_versions",
+    "list_webhooks",
     "parse_ref",
     "prefetch",
     "prune_cache",
@@ -204,10 +218,13 @@ __all__ = [
     "pull_state_dict",
     "push",
     "push_oci",
+    "remove_webhook",
     "save_pretrained",
     "set_alias",
     "set_tags",
     "show",
     "sign",
+    "test_webhook",
     "verify",
+    "webhook_deliveries",
 ]

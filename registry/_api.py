@@ -32,6 +32,7 @@ from .provenance.lineage import Lineage
 from .refs import Ref
 from .settings import Settings
 from .signing import Signature
+from .webhooks import Delivery, Webhook
 
 _defaults: dict[Settings, Registry] = {}
 _defaults_lock = threading.Lock()
@@ -221,3 +222,30 @@ def verify(ref: str | Ref, *, public_keys: Sequence[str | os.PathLike[str]] | No
 def lineage(ref: str | Ref) -> Lineage:
     """Where ``ref`` came from and which versions came from it; see :meth:`Registry.lineage`."""
     return default_registry().lineage(ref)
+
+
+def add_webhook(url: str, events: str | Iterable[str], *,
+                models: str | Iterable[str] | None = None,
+                secret: str | None = None) -> Webhook:
+    """Subscribe ``url`` to events; see :meth:`Registry.add_webhook`."""
+    return default_registry().add_webhook(url, events, models=models, secret=secret)
+
+
+def list_webhooks() -> list[Webhook]:
+    """Every webhook; see :meth:`Registry.list_webhooks`."""
+    return default_registry().list_webhooks()
+
+
+def remove_webhook(id: str) -> None:  # noqa: A002 (the facade's name)
+    """Remove a webhook; see :meth:`Registry.remove_webhook`."""
+    default_registry().remove_webhook(id)
+
+
+def test_webhook(id: str) -> int:  # noqa: A002
+    """Ping a webhook now; see :meth:`Registry.test_webhook`."""
+    return default_registry().test_webhook(id)
+
+
+def webhook_deliveries(id: str, *, limit: int = 100) -> list[Delivery]:  # noqa: A002
+    """A webhook's newest deliveries; see :meth:`Registry.webhook_deliveries`."""
+    return default_registry().webhook_deliveries(id, limit=limit)

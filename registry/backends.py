@@ -37,6 +37,8 @@ from .settings import DEFAULT_PUSH_LEASE, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
+from .webhooks.local import LocalWebhooks, webhooks_for
+from .webhooks.service import WebhookStore
 
 if TYPE_CHECKING:
     from .catalog.pushes import Reservation
@@ -103,6 +105,8 @@ class Backend(Protocol):
                         path: Path) -> dict[str, Any]: ...
     @property
     def signatures(self) -> SignatureStore: ...  # records and bundles (registry/signing)
+    @property
+    def webhooks(self) -> WebhookStore: ...  # subscriptions and deliveries (registry/webhooks)
 
     def close(self) -> None: ...
 
@@ -111,7 +115,8 @@ class LocalBackend:
     """A SQL catalog plus an object store, driven in-process."""
 
     def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path, *,
-                 grace: timedelta = DEFAULT_GRACE, lease: timedelta = DEFAULT_PUSH_LEASE) -> None:
+                 grace: timedelta = DEFAULT_GRACE, lease: timedelta = DEFAULT_PUSH_LEASE,
+                 settings: Settings | None = None) -> None:
         self.catalog = catalog
         self.store = store
         # How long a reservation, a temporary file or an unreferenced blob is left to its
@@ -128,6 +133,7 @@ class LocalBackend:
         self.audit = CatalogEvents(catalog)
         # Each committed event is copied to the store (events/<id>.json) for `db rebuild`.
         catalog.event_sinks.append(lambda events: self.copies.write_events(store, events))
+        self.webhooks: LocalWebhooks = webhooks_for(catalog.webhooks, settings, cache_dir)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -144,6 +150,7 @@ class LocalBackend:
             settings.cache_dir,
             grace=settings.gc_grace,
             lease=settings.push_lease,
+            settings=settings,
         )
 
     def __repr__(self) -> str:

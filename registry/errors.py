@@ -32,7 +32,9 @@
     ├── ForbiddenError (PermissionError)       a token without the needed scope (HTTP 403)
     ├── OciUnavailableError (ConnectionError)  an OCI registry unreachable or failing (5xx)
     │   └── InsecureTransportError             plain HTTP (or a redirect) to a non-loopback host
-    └── OciArtifactError (ManifestError)       an OCI artifact that is not a model we can use
+    ├── OciArtifactError (ManifestError)       an OCI artifact that is not a model we can use
+    ├── WebhookSignatureError                  a webhook delivery whose signature or time is wrong
+    └── WebhookTargetError (SettingsError)     a webhook URL refused (scheme, private address)
 
 Each class has a stable ``code`` so a server can send it and a client raise the same class.
 """
@@ -306,6 +308,22 @@ class OciArtifactError(ManifestError):
     limit, an annotation that would make an unsafe path."""
 
     code = "invalid_oci_artifact"
+
+
+class WebhookSignatureError(RegistryError):
+    """A webhook delivery a receiver must refuse (``registry.webhooks.verify``): no or a wrong
+    ``X-Registry-Signature``, or an ``X-Registry-Timestamp`` outside the tolerance (a replay)."""
+
+    code = "webhook_signature_invalid"
+    exit_code = 16
+
+
+class WebhookTargetError(SettingsError):
+    """A webhook URL the registry will not call: not http(s), or a host that resolves to a
+    loopback, link-local, private or metadata address (``REGISTRY_WEBHOOK_ALLOW_PRIVATE=1``
+    allows those)."""
+
+    code = "webhook_target_refused"
 
 
 def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:

@@ -41,6 +41,7 @@ from .validate import (
     strict_int,
     version_number,
 )
+from .webhooks.remote import RemoteWebhooks
 from .wire import IDEMPOTENCY_HEADER, record_from_wire
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class RemoteBackend:
         self.exports = RemoteExports(self.transport)
         self.signatures = RemoteSignatures(self.transport)
         self.audit = ServerEvents(self.transport)
+        self.webhooks = RemoteWebhooks(self.transport)
 
     def __repr__(self) -> str:  # never show the token
         return f"RemoteBackend({self.url!r})"

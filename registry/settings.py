@@ -32,6 +32,9 @@
 | REGISTRY_LINEAGE_MLFLOW     | true (the active run, if imported)    |
 | REGISTRY_LINEAGE_LIBRARIES  | true (torch, transformers... versions)|
 | REGISTRY_LINEAGE_PARENTS    | true (reused version, adapter base)   |
+| REGISTRY_WEBHOOK_RETRY_HOURS| 24 (a webhook delivery retried so long)|
+| REGISTRY_WEBHOOK_ALLOW_PRIVATE| false (webhooks to private addresses)|
+| REGISTRY_WEBHOOK_KEY        | unset: $REGISTRY_HOME/webhook.key     |
 
 ``REGISTRY_OCI_AUTH`` holds OCI registry credentials as a JSON object keyed by ``HOST[:PORT]``,
 each entry either ``{"username": U, "password": P}``, ``{"auth": base64("U:P")}`` (the entry of
@@ -134,6 +137,11 @@ class Settings:
     lineage_mlflow: bool = True
     lineage_libraries: bool = True
     lineage_parents: bool = True
+    # Webhooks (registry/webhooks): how long a delivery is retried, whether private addresses
+    # may be called, and the key sealing their secrets (else the key file in the home).
+    webhook_retry: timedelta = timedelta(hours=24)
+    webhook_allow_private: bool = False
+    webhook_key: str | None = field(default=None, repr=False)
 
     @property
     def auth_path(self) -> Path:
@@ -193,6 +201,7 @@ class Settings:
         retry_raw = env.get("REGISTRY_STORE_RETRY_SECONDS") or None
         lease_raw = env.get("REGISTRY_PUSH_LEASE") or None
         lineage = _bool(env.get("REGISTRY_LINEAGE"), "REGISTRY_LINEAGE", True)
+        hooks_raw = env.get("REGISTRY_WEBHOOK_RETRY_HOURS") or None
         return cls(
             home=home_path,
             catalog_url=catalog_url,
@@ -239,6 +248,11 @@ class Settings:
             **{f"lineage_{part}": _bool(env.get(f"REGISTRY_LINEAGE_{part.upper()}"),
                                         f"REGISTRY_LINEAGE_{part.upper()}", True) and lineage
                for part in ("git", "mlflow", "libraries", "parents")},
+            webhook_retry=parse_duration(f"{hooks_raw.strip()}h", "REGISTRY_WEBHOOK_RETRY_HOURS")
+            if hooks_raw else timedelta(hours=24),
+            webhook_allow_private=_bool(env.get("REGISTRY_WEBHOOK_ALLOW_PRIVATE"),
+                                        "REGISTRY_WEBHOOK_ALLOW_PRIVATE", False),
+            webhook_key=env.get("REGISTRY_WEBHOOK_KEY") or None,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

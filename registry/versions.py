@@ -33,6 +33,7 @@ from .settings import Settings, parse_duration, parse_size
 from .signing.records import Signature
 from .store import ObjectStore
 from .validate import strict_int
+from .webhooks import Delivery, Webhook
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -175,6 +176,32 @@ class Versions:
 
     def _newest_first(self) -> Iterable[VersionRecord]:
         return _newest_first(self._backend)
+
+    # -- webhooks (registry/webhooks) ------------------------------------------------------
+
+    def add_webhook(self, url: str, events: str | Iterable[str], *,
+                    models: str | Iterable[str] | None = None,
+                    secret: str | None = None) -> Webhook:
+        """POST every event of ``events`` kinds (or ``"*"``) on models matching ``models``
+        (fnmatch patterns; None: all) to ``url``, signed; ``secret`` is generated when absent
+        and returned once, in the Webhook's ``secret``."""
+        return self._backend.webhooks.add(url, events, models=models, secret=secret)
+
+    def list_webhooks(self) -> list[Webhook]:
+        """Every webhook, oldest first (secrets are never listed)."""
+        return self._backend.webhooks.listed()
+
+    def remove_webhook(self, id: str) -> None:  # noqa: A002 (the contract's name)
+        """Remove webhook ``id`` and what it was owed."""
+        self._backend.webhooks.remove(id)
+
+    def test_webhook(self, id: str) -> int:  # noqa: A002
+        """Send webhook ``id`` a ``ping`` event now; the receiver's HTTP status."""
+        return self._backend.webhooks.test(id)
+
+    def webhook_deliveries(self, id: str, *, limit: int = 100) -> list[Delivery]:  # noqa: A002
+        """Webhook ``id``'s newest deliveries, newest first, each with its attempts."""
+        return self._backend.webhooks.deliveries(id, limit=limit)
 
     def gc(self) -> GcReport:
         """Remove store and cache objects that no version references."""

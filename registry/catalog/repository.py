@@ -31,6 +31,7 @@ from .rebuild import add_version_files
 from .records import VersionRecord
 from .signatures import SignatureFiles
 from .warm import WarmResolves
+from .webhooks import WebhookRows
 
 _CLAIM_RETRIES = 5
 
@@ -52,6 +53,8 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         self._checked = False
         # Called with the events a session appended, after it committed (catalog/events.py).
         self.event_sinks: list[Callable[[list[Event]], object]] = []
+        # Subscriptions and the outbox of deliveries (registry/webhooks), in this catalog.
+        self.webhooks = WebhookRows(self.session)
         database = self.engine.url.database
         self._warm = WarmResolves(database) if self.engine.url.get_backend_name() == "sqlite" \
             and database and database != ":memory:" and not database.startswith("file:") \

@@ -1,0 +1,78 @@
+"""The delivery worker: a loop over the outbox, on a background thread of ``registry serve``
+(never on a request's path) or in the foreground of ``registry webhook deliver --follow``.
+
+Every replica of a server runs one; the outbox's leases (catalog/webhooks.py) make each
+delivery attempted by one replica at a time. Changes made through another replica are seen by
+polling, every :data:`POLL_S` seconds while the outbox is idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from .local import DeliverReport, LocalWebhooks
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+# After a failure of the catalog itself, the loop waits this long before looking again.
+ERROR_PAUSE_S = 5.0
+
+
+def deliver_due(webhooks: LocalWebhooks, *, worker: str | None = None) -> DeliverReport:
+    """Deliver everything due now (passes until one finds nothing to claim); retries due
+    later stay queued."""
+    total = DeliverReport()
+    while True:
+        report = webhooks.deliver(worker=worker)
+        if not report.attempted:
+            return total
+        total.delivered += report.delivered
+        total.retrying += report.retrying
+        total.failed += report.failed
+        total.disabled += report.disabled
+
+
+class DeliveryWorker:
+    """Delivers what the outbox owes until stopped; it never raises out of its loop."""
+
+    def __init__(self, webhooks: LocalWebhooks, *, poll_s: float = POLL_S) -> None:
+        self.webhooks = webhooks
+        self.poll_s = poll_s
+        self.worker = f"w-{uuid.uuid4().hex[:12]}"
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="webhook-delivery", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Look at the outbox now (a change was just committed)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            pause = self.poll_s
+            try:
+                if self.webhooks.deliver(worker=self.worker).attempted:
+                    pause = 0.0
+                self.last_error = None
+            except Exception as exc:  # the catalog is down: the outbox waits, nothing is lost
+                if str(exc) != self.last_error:
+                    log.warning("webhook delivery: %s", exc)
+                self.last_error = str(exc)
+                pause = ERROR_PAUSE_S
+            if pause:
+                self._wake.wait(timeout=pause)
+                self._wake.clear()
