@@ -29,27 +29,30 @@ from registry.backends import LocalBackend
 from registry.errors import NotFoundError, RegistryError, SettingsError
 from registry.mirror_mlflow import MirrorWorker
 from registry.settings import Settings
+from registry.webhooks.worker import DeliveryWorker
 from registry.wire import status_for
 
 from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
-from .routes import admin, blobs, events, exports, models, pushes, signatures
+from .routes import admin, blobs, events, exports, models, pushes, signatures, webhooks
 from .signatures import CommitSignatures
 
 log = logging.getLogger("registry.server")
 
 ROUTERS = (signatures.router, models.router, pushes.router, blobs.router, admin.router,
-           exports.router, events.router)
+           exports.router, events.router, webhooks.router)
 
 
 def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = None,
-               backend: LocalBackend | None = None, mirror: Any = None) -> FastAPI:
+               backend: LocalBackend | None = None, mirror: Any = None,
+               deliver: bool = True) -> FastAPI:
     """The registry server over ``LocalBackend.from_settings(settings)``.
 
     ``auth`` defaults to the tokens in ``REGISTRY_AUTH_FILE`` if that is set, else an open
     server (``registry serve`` chooses and enforces the policy for its host). ``mirror`` is an
     object with ``poke()`` called after each change (the MLflow mirror); by default one is
-    started when ``MLFLOW_TRACKING_URI`` is set.
+    started when ``MLFLOW_TRACKING_URI`` is set. ``deliver`` runs the webhook delivery worker
+    on a background thread while the app runs (registry/webhooks/worker.py).
     """
     settings = settings or Settings.from_env()
     if auth is None:
@@ -66,6 +69,7 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     app.state.settings = settings
     app.state.auth = auth
     app.state.mirror = mirror
+    app.state.delivery = DeliveryWorker(local.webhooks) if deliver else None
     app.state.signing = CommitSignatures(local, settings)
     app.add_middleware(BodyLimit)
     app.add_exception_handler(RegistryError, _registry_error)  # type: ignore[arg-type]
@@ -93,14 +97,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if app.state.auth.mode == "open":
         log.warning("no auth file: this server is open to anyone who can reach it "
                     "(loopback only); create tokens with `registry token create`")
-    mirror = app.state.mirror
-    if mirror is not None:
-        mirror.start()
+    workers = [w for w in (app.state.mirror, app.state.delivery) if w is not None]
+    for worker in workers:
+        worker.start()
     try:
         yield
     finally:
-        if mirror is not None:
-            mirror.stop()
+        for worker in workers:
+            worker.stop()
         app.state.backend.close()
 
 

@@ -9,6 +9,7 @@ over the app and a test can build an app from any backend, policy or mirror.
     app.state.auth       the AuthPolicy that turns a bearer token into a caller's name
     app.state.mirror     an object with poke() told of each change (the MLflow mirror), or None
     app.state.signing    the CommitSignatures policy for commits and signature routes
+    app.state.delivery   the webhook DeliveryWorker (a background thread), or None
 
 ``read``, ``write`` and ``admin`` are the auth scopes as parameter defaults
 (``caller: Principal = read``): each answers the caller (server/auth.py) or raises 401/403, and

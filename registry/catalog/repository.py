@@ -54,7 +54,7 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         # Called with the events a session appended, after it committed (catalog/events.py).
         self.event_sinks: list[Callable[[list[Event]], object]] = []
         # Subscriptions and the outbox of deliveries (registry/webhooks), in this catalog.
-        self.webhooks = WebhookRows(self.session)
+        self.webhooks = WebhookRows(self.session, self._snapshot)
         database = self.engine.url.database
         self._warm = WarmResolves(database) if self.engine.url.get_backend_name() == "sqlite" \
             and database and database != ":memory:" and not database.startswith("file:") \

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     Boolean,
+    Connection,
     DateTime,
     ForeignKey,
     Index,
@@ -139,8 +140,11 @@ def enqueue(s: Session, event: Mapping[str, Any], *, at: datetime | None = None)
 class WebhookRows:
     """Catalog operations on webhooks, over the catalog's transactions (``session``)."""
 
-    def __init__(self, session: Callable[[], AbstractContextManager[Session]]) -> None:
+    def __init__(self, session: Callable[[], AbstractContextManager[Session]],
+                 snapshot: Callable[[], AbstractContextManager[Connection]]) -> None:
         self.session = session
+        # Reads without the write lock (SQLite): an idle worker's poll never blocks a push.
+        self.snapshot = snapshot
 
     # -- subscriptions --------------------------------------------------------------------
 
@@ -195,8 +199,8 @@ class WebhookRows:
                                      earlier.model == DeliveryRow.model,
                                      earlier.state == PENDING, earlier.id < DeliveryRow.id))
         free = (DeliveryRow.lease_until.is_(None)) | (DeliveryRow.lease_until < now)
-        with self.session() as s:
-            due = s.execute(select(DeliveryRow.id)
+        with self.snapshot() as conn:
+            due = conn.execute(select(DeliveryRow.id)
                             .join(WebhookRow, WebhookRow.id == DeliveryRow.webhook_id)
                             .where(DeliveryRow.state == PENDING,
                                    DeliveryRow.next_attempt_at <= now, free,

@@ -13,7 +13,7 @@ from typing import NoReturn
 import click
 
 from ..errors import RegistryError
-from . import admin, cache, exports, governance, models, oci, provenance, service, signing
+from . import admin, cache, exports, governance, models, oci, provenance, service, signing, webhooks
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,7 +22,8 @@ def cli() -> None:
     """A model registry for PyTorch: push any checkpoint, pull it on any device."""
 
 
-for _module in (models, exports, signing, provenance, governance, admin, cache, service, oci):
+for _module in (models, exports, signing, provenance, governance, admin, cache, service, oci,
+                webhooks):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

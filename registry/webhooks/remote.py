@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RegistryError, SettingsError, quoted
+from ..errors import RegistryError, quoted
 from ..validate import answer_field, strict_int
 from . import records
 from .records import Attempt, Delivery, Webhook
@@ -55,10 +55,6 @@ class RemoteWebhooks:
                                      params={"limit": limit})
         return answer_field(answer, "delivery list", "deliveries",
                             lambda v: [delivery_from_wire(d) for d in _items(v)])
-
-    def deliver(self, **_: Any) -> Any:
-        raise SettingsError(f"registry server {self.transport.url} delivers its webhooks itself; "
-                            "`registry webhook deliver` runs on an embedded registry")
 
 
 def _items(value: object) -> list[Any]:

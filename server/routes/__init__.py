@@ -5,8 +5,9 @@
 - ``blobs``: blob uploads of a push, links and downloads;
 - ``exports``: export registrations and their blobs;
 - ``signatures``: a version's signature records;
-- ``admin``: health, gc, the MLflow mirror's sync.
-- ``events``: a model's history and the audit log (the event log).
+- ``admin``: health, gc, the MLflow mirror's sync;
+- ``events``: a model's history and the audit log (the event log);
+- ``webhooks``: subscriptions, their test ping and deliveries (admin scope).
 
 Each route reads what it needs from the app's state (``server.dependencies``).
 """

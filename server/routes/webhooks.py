@@ -1,0 +1,59 @@
+"""Webhook routes (admin scope): ``GET /webhooks`` lists, ``POST /webhooks`` adds (the answer
+carries the secret, the only time it is shown), ``DELETE /webhooks/{id}`` removes,
+``POST /webhooks/{id}/test`` pings, ``GET /webhooks/{id}/deliveries`` lists deliveries with
+their attempts. The server's delivery worker (``registry serve``) sends what the outbox owes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import Field
+
+from registry.webhooks.remote import ROUTE
+from registry.wire import API
+
+from ..boundary import Body
+from ..dependencies import Backend, admin
+
+router = APIRouter(prefix=API + ROUTE)
+
+
+class WebhookBody(Body):
+    url: str = Field(max_length=2048)
+    events: list[str] = Field(max_length=32)
+    models: list[str] | None = Field(default=None, max_length=32)
+    secret: str | None = Field(default=None, max_length=256)
+
+
+@router.get("", tags=["webhooks"])
+def list_webhooks(local: Backend, _caller: str = admin) -> dict[str, Any]:
+    """Every webhook (never its secret)."""
+    return {"webhooks": [w.to_dict() for w in local.webhooks.listed()]}
+
+
+@router.post("", tags=["webhooks"])
+def add_webhook(body: WebhookBody, local: Backend, _caller: str = admin) -> dict[str, Any]:
+    """Subscribe a URL to events; the answer holds the secret, shown only this once."""
+    hook = local.webhooks.add(body.url, body.events, models=body.models, secret=body.secret)
+    return {"webhook": hook.to_dict()}
+
+
+@router.delete("/{webhook_id}", tags=["webhooks"], status_code=204)
+def remove_webhook(webhook_id: str, local: Backend, _caller: str = admin) -> None:
+    """Remove a webhook and what it was owed."""
+    local.webhooks.remove(webhook_id)
+
+
+@router.post("/{webhook_id}/test", tags=["webhooks"])
+def test_webhook(webhook_id: str, local: Backend, _caller: str = admin) -> dict[str, Any]:
+    """Send a ``ping`` now; the receiver's status."""
+    return {"status": local.webhooks.test(webhook_id)}
+
+
+@router.get("/{webhook_id}/deliveries", tags=["webhooks"])
+def deliveries(webhook_id: str, local: Backend, limit: int = Query(100, ge=1, le=1000),
+               _caller: str = admin) -> dict[str, Any]:
+    """The webhook's newest deliveries, newest first, each with its attempts."""
+    return {"deliveries": [d.to_dict() for d in
+                           local.webhooks.deliveries(webhook_id, limit=limit)]}
