@@ -228,6 +228,8 @@ def _drop_registry_tables(engine: Any) -> None:
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS registry_aliases, registry_version_files, "
                           "registry_exports, registry_events, registry_versions, "
+                          "registry_webhook_attempts, registry_webhook_deliveries, "
+                          "registry_webhooks, "
                           "registry_models, registry_alembic_version CASCADE"))
 
 
