@@ -124,8 +124,11 @@ class LocalWebhooks:
         status; ServerUnavailableError when it did not answer."""
         hook, sealed = self.rows.get(records.check_id(webhook_id))
         delivery_id = f"dl_{uuid.uuid4().hex[:24]}"
-        payload = {"kind": records.PING, "at": datetime.now(timezone.utc).isoformat(),
-                   "name": None, "details": {"url": hook.url}}
+        # Shaped as an event of the log (no id: a ping is not one), so a receiver's parser
+        # takes it as it takes the others.
+        payload = {"id": None, "at": datetime.now(timezone.utc).isoformat(),
+                   "actor": "registry", "kind": records.PING, "name": None, "version": None,
+                   "alias": None, "previous": None, "details": {"url": hook.url}}
         body = body_of(payload, hook.id, delivery_id)
         attempt = self.sender.post(hook.url, body, signed_headers(
             self.sealer.open(sealed), records.PING, delivery_id, body))

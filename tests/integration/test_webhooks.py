@@ -19,9 +19,10 @@ import torch
 
 import registry
 from registry.catalog.events import append_event
-from registry.errors import NotFoundError, WebhookTargetError
+from registry.errors import ForbiddenError, NotFoundError, WebhookTargetError
 from registry.events import KINDS
 from registry.webhooks.worker import deliver_due
+from server.auth import AuthFile, parse_scopes
 from tests.helpers import clean_env
 from tests.integration.serving import Service, registry_exe, start_registry_server
 from tests.integration.webhook_receiver import Receiver
@@ -228,12 +229,25 @@ def test_a_server_sigkilled_after_a_commit_delivers_that_event_after_restart(
 
 
 def test_the_server_refuses_ssrf_targets_and_asks_for_admin(tmp_path: Path) -> None:
-    server = start_registry_server(tmp_path / "home", tmp_path)
+    auth_file = tmp_path / "auth.json"
+    tokens = {name: AuthFile(auth_file).create(name, parse_scopes(name))
+              for name in ("write", "admin")}
+    server = start_registry_server(tmp_path / "home", tmp_path,
+                                   env_extra={"REGISTRY_AUTH_FILE": str(auth_file)})
     try:
-        remote = registry.Registry(server.url)
+        writer = registry.Registry(server.url, token=tokens["write"])
+        boss = registry.Registry(server.url, token=tokens["admin"])
+        with pytest.raises(ForbiddenError):
+            writer.list_webhooks()
+        with pytest.raises(ForbiddenError):
+            writer.add_webhook("https://deploy.example/hook", "*")
         with pytest.raises(WebhookTargetError, match="loopback"):
-            remote.add_webhook("http://127.0.0.1:9/hook", "*")
-        remote.close()
+            boss.add_webhook("http://127.0.0.1:9/hook", "*")
+        with pytest.raises(WebhookTargetError, match="metadata"):
+            boss.add_webhook("http://169.254.169.254/latest/meta-data/", "*")
+        assert boss.list_webhooks() == []
+        writer.close()
+        boss.close()
     finally:
         server.stop()
 
