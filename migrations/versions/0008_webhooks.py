@@ -5,8 +5,8 @@ catalog, registry/webhooks/sealing.py); ``registry_webhook_deliveries`` is the o
 per event and matching webhook, written in the event's transaction, claimed by a delivery
 worker through its lease columns; ``registry_webhook_attempts`` records each POST.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-28
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
