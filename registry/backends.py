@@ -37,8 +37,7 @@ from .settings import DEFAULT_PUSH_LEASE, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
-from .webhooks.local import LocalWebhooks, webhooks_for
-from .webhooks.service import WebhookStore
+from .webhooks.local import WebhookStore, webhooks_for
 
 if TYPE_CHECKING:
     from .catalog.pushes import Reservation
@@ -133,7 +132,7 @@ class LocalBackend:
         self.audit = CatalogEvents(catalog)
         # Each committed event is copied to the store (events/<id>.json) for `db rebuild`.
         catalog.event_sinks.append(lambda events: self.copies.write_events(store, events))
-        self.webhooks: LocalWebhooks = webhooks_for(catalog.webhooks, settings, cache_dir)
+        self.webhooks = webhooks_for(catalog.webhooks, settings, cache_dir)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, catalog: Catalog | None = None,
@@ -144,14 +143,8 @@ class LocalBackend:
             from .catalog.repository import Catalog
 
             catalog = Catalog(settings.catalog_url, auto_migrate=settings.auto_migrate)
-        return cls(
-            catalog,
-            store or open_store(settings.store_url, settings),
-            settings.cache_dir,
-            grace=settings.gc_grace,
-            lease=settings.push_lease,
-            settings=settings,
-        )
+        return cls(catalog, store or open_store(settings.store_url, settings), settings.cache_dir,
+                   grace=settings.gc_grace, lease=settings.push_lease, settings=settings)
 
     def __repr__(self) -> str:
         return f"catalog={redact_url(self.catalog.url)!r}, store={self.store.url!r}"

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from ..errors import NotFoundError
 from ..events import KINDS, Event, iso
 from .models import EventRow, ModelRow, aware
+from .webhooks import enqueue
 
 # The session.info key under which a session's appended events wait for its commit.
 APPENDED = "registry_events"
@@ -50,6 +51,9 @@ def append_event(session: Session, *, kind: str, name: str, version: int | None 
     event = Event(id=row.id, at=iso(moment), actor=actor, kind=kind, name=name,
                   version=version, alias=alias, previous=previous, details=dict(details or {}))
     session.info.setdefault(APPENDED, []).append(event)
+    # What the event owes each webhook that subscribes to it: the outbox's rows, committed
+    # with the event or not at all (catalog/webhooks.py).
+    enqueue(session, event.to_dict(), at=moment)
     return event
 
 

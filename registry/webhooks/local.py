@@ -19,11 +19,13 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServerUnavailableError, SettingsError
+from ..events import KINDS
 from ..parallel import concurrently
 from . import records
 from .records import Attempt, Delivery, Webhook
 from .sealing import KEY_FILE, Sealer
 from .sender import TIMEOUT_S, Sender
+from .service import WebhookStore
 from .signing import signed_headers
 from .targets import check
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
     from ..catalog.webhooks import Claimed, WebhookRows
     from ..settings import Settings
+
+__all__ = ["LocalWebhooks", "WebhookStore", "webhooks_for"]
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +67,10 @@ def webhooks_for(rows: WebhookRows, settings: Settings | None, cache_dir: Path) 
     defaults, the key file beside the cache's directory, as in the default home)."""
     if settings is None:
         return LocalWebhooks(rows, Sealer(None, cache_dir.parent / KEY_FILE), Sender(),
-                             retry=timedelta(hours=24))
+                             retry=timedelta(hours=24), kinds=lambda: KINDS)
     return LocalWebhooks(rows, Sealer(settings.webhook_key, settings.home / KEY_FILE),
                          Sender(allow_private=settings.webhook_allow_private),
-                         retry=settings.webhook_retry)
+                         retry=settings.webhook_retry, kinds=lambda: KINDS)
 
 
 @dataclass

@@ -289,9 +289,11 @@ def test_the_cli_adds_lists_tests_shows_deliveries_delivers_and_removes(
     assert missing.returncode == 3 and "not found" in missing.stderr
 
 
-def test_deliver_follow_runs_until_terminated(tmp_path: Path, receiver: Receiver) -> None:
+def test_deliver_follow_runs_until_terminated(tmp_path: Path, receiver: Receiver,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     env = clean_env(home, REGISTRY_WEBHOOK_ALLOW_PRIVATE="1")
+    monkeypatch.setenv("REGISTRY_WEBHOOK_ALLOW_PRIVATE", "1")
     reg = registry.Registry(home=home)
     hook = reg.add_webhook(receiver.url, "*")
     follower = subprocess.Popen([*registry_exe(), "webhook", "deliver", "--follow"], env=env,

@@ -120,7 +120,7 @@ def test_a_subscription_matches_kinds_and_model_patterns() -> None:
     assert not matches(["alias.set"], ["resnet*"], "alias.set", "bert")
     assert not matches(["version.created"], None, "alias.set", "m")
     assert not matches(["*"], ["m*"], "alias.set", None)
-    assert check_events("alias.set,version.created".split(",")) == ("alias.set",
+    assert check_events(["alias.set", "version.created"]) == ("alias.set",
                                                                     "version.created")
     assert check_events(["*", "alias.set"]) == ("*",)
     with pytest.raises(SettingsError, match="not an event"):
