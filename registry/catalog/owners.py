@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -24,26 +25,30 @@ class BlobOwners:
     session: Callable[[], AbstractContextManager[Session]]
 
     def blob_owners(self, digests: Iterable[str], *,
-                    pending: bool = False) -> dict[str, set[str]]:
+                    state: Literal["ready", "pending", "any"] = "ready",
+                    ) -> dict[str, set[str]]:
         """For each of ``digests``, the names of the models whose live versions own it (files
-        and exports); with ``pending``, those whose pushes in progress list it instead."""
+        and exports); with ``state="pending"``, those whose pushes in progress list it; with
+        ``"any"``, every version that lists it, whatever its state."""
         wanted = sorted(set(digests))
         owners: dict[str, set[str]] = {d: set() for d in wanted}
         if not wanted:
             return owners
-        state = PENDING if pending else READY
         with self.session() as s:
-            rows = list(s.execute(
-                select(VersionFileRow.digest, ModelRow.name).distinct()
-                .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
-                .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                .where(VersionFileRow.digest.in_(wanted), VersionRow.state == state)))
-            if not pending:
-                rows += s.execute(
-                    select(ExportRow.digest, ModelRow.name).distinct()
-                    .join(VersionRow, VersionRow.id == ExportRow.version_id)
-                    .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                    .where(ExportRow.digest.in_(wanted), VersionRow.state == READY))
+            files = (select(VersionFileRow.digest, ModelRow.name).distinct()
+                     .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
+                     .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                     .where(VersionFileRow.digest.in_(wanted)))
+            exports = (select(ExportRow.digest, ModelRow.name).distinct()
+                       .join(VersionRow, VersionRow.id == ExportRow.version_id)
+                       .join(ModelRow, ModelRow.id == VersionRow.model_id)
+                       .where(ExportRow.digest.in_(wanted)))
+            if state != "any":
+                files = files.where(VersionRow.state == (READY if state == "ready" else PENDING))
+                exports = exports.where(VersionRow.state == READY)
+            rows = list(s.execute(files))
+            if state != "pending":
+                rows += s.execute(exports)
         for digest, name in rows:
             owners[digest].add(name)
         return owners

@@ -4,6 +4,10 @@
 - An export blob is uploaded only for a registration that asked for it: registering an export
   whose blob the store lacks leaves ``exports-pending/sha256/<hex>`` (its declared size) in the
   store, so any replica accepts that upload, of at most that size, and nothing else.
+- A server whose caller may see only some models (per-model token scopes) asks that caller to
+  upload a blob the store holds for models it may not see; the upload, hashed on arrival, marks
+  the pending entry ``proved``, and only then is the registration kept: an export record cannot
+  claim another model's blob by its digest alone.
 - The stored blob's sha256 and size are those of the record (hashed by the server, or known
   hashed: a blob that passed through it, or one whose ETag a ``checked/`` marker records), and
   it starts as its format does: a zip for TorchScript and pt2, an ONNX ``ModelProto`` (field 1,
@@ -51,6 +55,20 @@ def expected_size(store: ObjectStore, digest: str) -> int:
             f"no export registration asked for blob {digest}: register the export first "
             "(POST .../exports) and upload only the blob it asks for")
     return size
+
+
+def prove(store: ObjectStore, digest: str, size: int) -> None:
+    """Record that bytes hashing to ``digest`` (``size`` of them) were just uploaded through the
+    server for the registration that asked for them."""
+    store.put_bytes(pending_key(digest), json.dumps({"size": size, "proved": True}).encode())
+
+
+def proved(store: ObjectStore, digest: str) -> bool:
+    """Whether an upload of ``digest`` was received since a registration asked for it."""
+    try:
+        return boundedjson.loads(store.get_bytes(pending_key(digest))).get("proved") is True
+    except (NotFoundError, ValueError, TypeError, AttributeError):
+        return False
 
 
 def done(store: ObjectStore, digest: str) -> None:

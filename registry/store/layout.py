@@ -16,6 +16,8 @@ A store (a directory, or ``s3://bucket/prefix``) holds::
     ├── checked/sha256/<hex>                   the server hashed this blob, uploaded straight to
     │                                          the store, and found it whole (its size)
     ├── exports-pending/sha256/<hex>           an export registration awaits this blob (its size)
+    ├── proved/sha256/<hex>                    a token limited to some models uploaded these
+    │                                          bytes for a push of those models (their names)
     ├── touched/sha256/<hex>                   S3 only: empty; when gc last saw the blob in use
     └── tmp/                                   file store only: a push's staging files, renamed
                                                into blobs/ when they are whole
@@ -42,6 +44,7 @@ ALIASES = "aliases/"
 EVENTS = "events/"
 CHECKED = "checked/sha256/"
 EXPORTS_PENDING = "exports-pending/sha256/"
+PROVED = "proved/sha256/"
 TOUCHED = "touched/"
 STAGING = "tmp"  # a directory of the file store, not a key
 
@@ -85,6 +88,11 @@ def parse_blob_key(key: str) -> str | None:
 def checked_key(digest: str) -> str:
     """The marker of a directly uploaded blob the server verified: ``checked/sha256/<hex>``."""
     return CHECKED + hexdigest(digest)
+
+
+def proved_key(digest: str) -> str:
+    """The marker of a blob uploaded as proof of having its bytes: ``proved/sha256/<hex>``."""
+    return PROVED + hexdigest(digest)
 
 
 def pending_export_key(digest: str) -> str:

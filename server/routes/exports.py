@@ -24,7 +24,7 @@ from registry.wire import API, EXPORTS_ROUTE
 
 from ..auth import Principal
 from ..dependencies import Backend, Changed, read, write
-from .blobs import receive_blob, upload_target
+from .blobs import owned_by_visible, proof_target, receive_blob, upload_target
 
 PATH = API + EXPORTS_ROUTE
 router = APIRouter(prefix=PATH)
@@ -46,13 +46,23 @@ def list_exports(name: str, version: str, local: Backend,
 
 @router.post("", tags=["exports"])
 def register_export(name: str, version: str, body: ExportRegistration, local: Backend,
-                    changed: Changed, _caller: Principal = write) -> dict[str, Any]:
+                    changed: Changed, caller: Principal = write) -> dict[str, Any]:
     """Record an export the client made and verified; asks for the blob first if the
-    store lacks it."""
+    store lacks it (or, for a token limited to some models, holds it only for others)."""
     name, number = validate_name(name), validate_version(version)
     record = records.check(body.record, f"export request for {name}:v{number}")
     exports.list_exports(local, name, number)  # NotFoundError for an unknown version
-    if local.store.has(blob_key(record["digest"])) != record["size"]:
+    digest, size = record["digest"], record["size"]
+    held = local.store.has(blob_key(digest)) == size
+    if held and not owned_by_visible(local, caller, digest) \
+            and not checks.proved(local.store, digest):
+        # As if absent: the caller proves it has the bytes, through this server (hashed before
+        # anything is kept; a presigned PUT would overwrite the stored object unchecked).
+        checks.expect(local.store, digest, size)
+        target = proof_target(VersionFile("export", record["format"], digest, size))
+        target["url"] = PATH.format(name=name, version=number) + f"/blobs/{digest}"
+        return {"export": None, "uploads": [target]}
+    if not held:
         checks.expect(local.store, record["digest"], record["size"])
         file = VersionFile("export", record["format"], record["digest"], record["size"])
         target = upload_target(local, file)
@@ -78,4 +88,6 @@ async def upload_export_blob(name: str, version: str, digest: str, request: Requ
     exports.list_exports(local, name, number)  # NotFoundError for an unknown version
     digest = check_digest(digest)
     limit = checks.expected_size(local.store, digest)
-    return await receive_blob(local, digest, request, limit)
+    received = await receive_blob(local, digest, request, limit)
+    checks.prove(local.store, digest, received["size"])
+    return received

@@ -20,7 +20,7 @@ from registry import manifest as mf
 from registry.backends import LocalBackend
 from registry.digests import check_digest
 from registry.direct_uploads import verify_blobs
-from registry.errors import NotFoundError, RefError
+from registry.errors import MissingBlobError, NotFoundError, RefError
 from registry.files import (
     MAX_FILE_BYTES,
     ROLES,
@@ -32,6 +32,7 @@ from registry.refs import validate_aliases, validate_name, validate_tags, valida
 from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire
 
+from .. import proofs
 from ..auth import Principal
 from ..boundary import Body
 from ..commits import checked_manifest, push_key, repeated_commit
@@ -98,10 +99,13 @@ def commit_push(name: str, version: str, body: PushCommit, local: Backend, signi
             raise
         return record_to_wire(done)
     manifest = checked_manifest(body.manifest, name, number, reserved, tags)
+    proven = _proven(local, caller, name, number, reserved.files)
     signed = signing.admit(body.signature, manifest)  # refused before it is visible
     # Blobs uploaded straight to the store (presigned URLs) are hashed here first.
     verify_blobs(local.store, reserved.files, local.staging_dir())
     record = local.commit_push(name, number, manifest, tags, aliases)
+    for digest in proven:
+        proofs.clear(local.store, digest)
     signing.store(name, number, signed)
     log.info("push %s:v%d committed by %s", name, number, caller)
     changed()
@@ -125,6 +129,28 @@ def _unproven(local: LocalBackend, caller: Principal, files: list[VersionFile],
     held = list({f.digest: f for f in files if f.digest not in asked}.values())
     owners = local.catalog.blob_owners([f.digest for f in held])
     return [f for f in held if not caller.visible(sorted(owners[f.digest]))]
+
+
+def _proven(local: LocalBackend, caller: Principal, name: str, number: int,
+            files: list[VersionFile]) -> list[str]:
+    """The digests of ``files`` a limited caller had to upload (server/proofs.py): those no
+    live version of a model it may see owns but a version of one it may not see lists. Each
+    must have been uploaded for this model's push; else the MissingBlobError of a blob never
+    uploaded."""
+    if not caller.restricted:
+        return []
+    digests = [f.digest for f in files]
+    live, listed = local.catalog.blob_owners(digests), local.catalog.blob_owners(digests,
+                                                                                state="any")
+    needed = [f for f in {f.digest: f for f in files}.values()
+              if not caller.visible(sorted(live[f.digest]))
+              and len(caller.visible(listed[f.digest])) < len(listed[f.digest])]
+    for f in needed:
+        if not proofs.proved(local.store, f.digest, name):
+            raise MissingBlobError(
+                f"{f.role} file {f.name} ({f.digest}) of {name}:v{number} is not in the store "
+                f"(0 of {f.size} bytes); upload it before committing", files=[f])
+    return [f.digest for f in needed]
 
 
 # -- what a push request must be -------------------------------------------------------------

@@ -6,8 +6,10 @@ reach another model's blobs by digest, nor learn from a push which blobs others 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,9 +17,11 @@ import pytest
 from fastapi.routing import APIRoute
 
 import registry
+from registry.digests import version_digest
+from registry.files import version_files
 from server.app import ROUTERS
 from server.auth import AuthFile, parse_model_patterns, parse_scopes
-from tests.helpers import trained_mlp
+from tests.helpers import assert_same_state, trained_mlp
 from tests.integration.serving import Service, registry_server
 
 API = "/api/v1"
@@ -211,36 +215,122 @@ def test_uploads_for_hidden_pushes_answer_as_unlisted(
                  headers=_headers(tokens["boss"]))
 
 
+def _copy_of(record: dict[str, Any], name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The begin files and a manifest (for ``name``) of a push of the very files of ``record``."""
+    manifest = dict(record["manifest"])
+    files = [{"role": f.role, "name": f.name, "digest": f.digest, "size": f.size}
+             for f in version_files(manifest)]
+    return files, {**manifest, "name": name}
+
+
+def _commit(api: str, name: str, number: int, manifest: dict[str, Any],
+            token: str) -> httpx.Response:
+    return httpx.post(f"{api}/models/{name}/pushes/{number}/commit", headers=_headers(token),
+                      json={"manifest": {**manifest, "version": number}})
+
+
 def test_a_push_does_not_tell_which_blobs_hidden_models_hold(
         scoped: tuple[Service, dict[str, str]]) -> None:
+    """Knowing a hidden model's digests is not enough: a push listing them is asked to upload
+    them as if absent, its commit without them fails as for a blob never uploaded, and other
+    bytes are refused; with the bytes, the push is the token's own."""
     service, tokens = scoped
-    api = service.url + API
+    api, mine = service.url + API, tokens["team-a"]
     record = httpx.get(f"{api}/resolve", params={"ref": HIDDEN},
                        headers=_headers(tokens["boss"])).json()
-    shard = record["manifest"]["files"][0]
-    files = [{"name": "model.safetensors", "digest": shard["digest"], "size": shard["size"]}]
+    files, manifest = _copy_of(record, "team-a-copy")
+    shard = files[0]
     begun = httpx.post(f"{api}/models/team-a-copy/pushes", json={"files": files},
-                       headers=_headers(tokens["team-a"]))
+                       headers=_headers(mine))
     assert begun.status_code == 200, begun.text
-    uploads = begun.json()["uploads"]
+    number, uploads = begun.json()["version"], begun.json()["uploads"]
     # Asked to upload, through the server (hashed before anything is placed), as if absent.
     assert [(u["digest"], u["direct"], u["url"]) for u in uploads] == [
         (shard["digest"], False, f"{API}/blobs/{shard['digest']}")]
-    # Sending other bytes is refused and the stored blob is untouched.
+    # A commit without the bytes answers as the commit of a blob never uploaded does.
+    claimed = _commit(api, "team-a-copy", number, manifest, mine)
+    absent_data = b"never uploaded" * 10
+    absent = dict(shard, digest="sha256:" + hashlib.sha256(absent_data).hexdigest(),
+                  size=len(absent_data))
+    other = httpx.post(f"{api}/models/team-a-other/pushes", json={"files": [absent]},
+                       headers=_headers(mine))
+    other_manifest = {**manifest, "name": "team-a-other",
+                      "files": [{**manifest["files"][0], "digest": absent["digest"],
+                                 "size": absent["size"]}]}
+    other_manifest["digest"] = version_digest([absent["digest"]])
+    unsent = _commit(api, "team-a-other", other.json()["version"], other_manifest, mine)
+    assert claimed.status_code == unsent.status_code == 404, (claimed.text, unsent.text)
+    assert claimed.json()["error"]["code"] == unsent.json()["error"]["code"] == "blob_missing"
+    assert claimed.text.replace(shard["digest"], "D").replace("team-a-copy", "N").replace(
+        f"of {shard['size']} bytes", "of S bytes") == unsent.text.replace(
+        absent["digest"], "D").replace("team-a-other", "N").replace(
+        f"of {absent['size']} bytes", "of S bytes")
+    # Other bytes are refused, and the stored blob is untouched.
+    upload_headers = {**_headers(mine), "Content-Type": "application/octet-stream"}
     wrong = httpx.put(service.url + uploads[0]["url"], content=b"\0" * shard["size"],
-                      headers={**_headers(tokens["team-a"]),
-                               "Content-Type": "application/octet-stream"})
+                      headers=upload_headers)
     assert wrong.status_code == 422
     stored = httpx.get(f"{api}/blobs/{shard['digest']}", headers=_headers(tokens["boss"]))
     assert "sha256:" + hashlib.sha256(stored.content).hexdigest() == shard["digest"]
-    httpx.delete(f"{api}/models/team-a-copy/pushes/{begun.json()['version']}",
-                 headers=_headers(tokens["team-a"]))
+    assert _commit(api, "team-a-copy", number, manifest, mine).status_code == 404
+    # The very bytes: the push commits, and its blob is now one the token may read.
+    sent = httpx.put(service.url + uploads[0]["url"], content=stored.content,
+                     headers=upload_headers)
+    assert sent.status_code == 201, sent.text
+    done = _commit(api, "team-a-copy", number, manifest, mine)
+    assert done.status_code == 200, done.text
+    assert httpx.get(f"{api}/blobs/{shard['digest']}", headers=_headers(mine)).content == \
+        stored.content
     # A token over every model is told only what the store lacks.
     again = httpx.post(f"{api}/models/shared-copy/pushes", json={"files": files},
                        headers=_headers(tokens["boss"]))
     assert again.json()["uploads"] == []
-    httpx.delete(f"{api}/models/shared-copy/pushes/{again.json()['version']}",
-                 headers=_headers(tokens["boss"]))
+    for name, begin in (("shared-copy", again), ("team-a-other", other)):
+        httpx.delete(f"{api}/models/{name}/pushes/{begin.json()['version']}",
+                     headers=_headers(tokens["boss"]))
+
+
+def _export_record(data: bytes) -> dict[str, Any]:
+    return {"format": "onnx", "key": hashlib.sha256(data + b"onnx").hexdigest(),
+            "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data),
+            "max_abs_diff": 0.0, "tolerance": 1e-4, "params": {}, "versions": {"torch": "2"},
+            "created_at": "2026-01-01T00:00:00+00:00"}
+
+
+def test_an_export_cannot_claim_a_hidden_models_blob_by_digest(
+        scoped: tuple[Service, dict[str, str]]) -> None:
+    service, tokens = scoped
+    api, boss, mine = service.url + API, _headers(tokens["boss"]), _headers(tokens["team-a"])
+    data = b"\x08\x07" + hashlib.sha512(b"an onnx export of team b").digest() * 20
+    record = _export_record(data)
+    theirs = f"{api}/models/{HIDDEN}/versions/1/exports"
+    first = httpx.post(theirs, json={"record": record}, headers=boss).json()
+    put = httpx.put(service.url + first["uploads"][0]["url"], content=data,
+                    headers={**boss, "Content-Type": "application/octet-stream"})
+    assert put.status_code == 201, put.text
+    assert httpx.post(theirs, json={"record": record}, headers=boss).json()["export"]
+    blob = f"{api}/blobs/{record['digest']}"
+    assert httpx.get(blob, headers=mine).status_code == 404
+    # Registered for a model of its own by digest alone: asked for the bytes, every time.
+    ours = f"{api}/models/{OWN}/versions/1/exports"
+    for _ in range(2):
+        asked = httpx.post(ours, json={"record": record}, headers=mine).json()
+        assert asked["export"] is None
+        assert [(u["digest"], u["direct"], u["url"]) for u in asked["uploads"]] == [
+            (record["digest"], False, f"{API}/models/{OWN}/versions/1/exports/blobs/"
+                                      f"{record['digest']}")]
+    upload = {**mine, "Content-Type": "application/octet-stream"}
+    wrong = httpx.put(service.url + asked["uploads"][0]["url"], content=b"\0" * len(data),
+                      headers=upload)
+    assert wrong.status_code == 422
+    assert httpx.post(ours, json={"record": record}, headers=mine).json()["export"] is None
+    assert httpx.get(blob, headers=mine).status_code == 404
+    # With the very bytes it is the token's own export, and its blob one it may read.
+    sent = httpx.put(service.url + asked["uploads"][0]["url"], content=data, headers=upload)
+    assert sent.status_code == 201, sent.text
+    kept = httpx.post(ours, json={"record": record}, headers=mine).json()
+    assert kept["export"]["digest"] == record["digest"]
+    assert httpx.get(blob, headers=mine).content == data
 
 
 def test_a_limited_admin_is_admin_of_its_models_only(
@@ -256,3 +346,51 @@ def test_a_limited_admin_is_admin_of_its_models_only(
     moved = httpx.put(f"{api}/models/{OWN}/aliases/staging", json={"version": 1},
                       headers=limited)
     assert moved.status_code == 200 and moved.json()["aliases"] == ["staging"]
+
+
+@pytest.mark.s3
+def test_limited_tokens_on_an_s3_store(s3_endpoint: str, s3_store_url: str, home: Path,
+                                       work: Path) -> None:
+    """On a store that hands out presigned URLs a limited token still uploads new blobs straight
+    to the bucket and commits without proofs, and is still asked to send, through the server,
+    a blob only a hidden model holds; it may read neither that blob nor its URL."""
+    from tests.integration.conftest import DUMMY_KEY_ID, DUMMY_SECRET
+
+    auth_file = work / "auth.json"
+    boss_token = AuthFile(auth_file).create("boss", ["admin"])
+    limited = AuthFile(auth_file).create("team-a", ["read", "write"], ("team-a-*",))
+    with registry_server(home / "server", work, env_extra={
+            "REGISTRY_AUTH_FILE": str(auth_file),
+            "REGISTRY_STORE_URL": s3_store_url, "REGISTRY_S3_ENDPOINT_URL": s3_endpoint,
+            "AWS_ACCESS_KEY_ID": DUMMY_KEY_ID, "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull}) as service:
+        boss = registry.Registry(service.url, token=boss_token, home=home / "boss")
+        team_a = registry.Registry(service.url, token=limited, home=home / "team-a")
+        try:
+            boss.push(trained_mlp(1), HIDDEN)
+            mv = team_a.push(trained_mlp(2), OWN)
+            assert mv.metadata["push"]["shards_uploaded"] == 1
+            assert_same_state(team_a.pull_state_dict(OWN, device="cpu"),
+                              trained_mlp(2).state_dict())
+            api = service.url + API
+            record = httpx.get(f"{api}/resolve", params={"ref": HIDDEN},
+                               headers=_headers(boss_token)).json()
+            files, _ = _copy_of(record, "team-a-copy")
+            for suffix in ("/link", ""):
+                response = httpx.get(f"{api}/blobs/{files[0]['digest']}{suffix}",
+                                     headers=_headers(limited), follow_redirects=False)
+                assert response.status_code == 404, response.text
+            fresh = {"role": "file", "name": "notes.txt", "digest": "sha256:" + "cd" * 32,
+                     "size": 10}
+            begun = httpx.post(f"{api}/models/team-a-copy/pushes",
+                               json={"files": [files[0], fresh]}, headers=_headers(limited))
+            assert begun.status_code == 200, begun.text
+            uploads = {u["digest"]: u for u in begun.json()["uploads"]}
+            assert uploads[files[0]["digest"]]["direct"] is False
+            assert uploads[fresh["digest"]]["direct"] is True  # a new blob: straight to S3
+            httpx.delete(f"{api}/models/team-a-copy/pushes/{begun.json()['version']}",
+                         headers=_headers(limited))
+        finally:
+            boss.close()
+            team_a.close()
