@@ -19,6 +19,7 @@ from torch import nn
 from .cachedir import CacheListing, PruneReport
 from .client import ModelInput, Registry
 from .devices import DeviceRequest, DtypeRequest
+from .doors.uri import Format
 from .events import Event
 from .exports import Artifact, ExportFormat
 from .gc import GcReport
@@ -86,6 +87,13 @@ def pull(ref: str | Ref, *, device: DeviceRequest = "auto", dtype: DtypeRequest 
 def pull_files(ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
     """Write the files attached to ``ref`` under ``dest_dir``; see :meth:`Registry.pull_files`."""
     return default_registry().pull_files(ref, dest_dir)
+
+
+def materialize_uri(uri: str, dest: str | os.PathLike[str], *,
+                    format: Format = "hf") -> list[Path]:
+    """Write the version a ``registry://`` URI names into ``dest``; see
+    :meth:`Registry.materialize_uri`."""
+    return default_registry().materialize_uri(uri, dest, format=format)
 
 
 def save_pretrained(ref: str | Ref, dest_dir: str | os.PathLike[str],

@@ -19,6 +19,7 @@ from . import adapters, architectures, attachments, pipeline
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
+from .doors import uri as uri_door
 from .errors import AdapterError, RefError
 from .exports import Artifact, ExportFormat
 from .exports import service as exports
@@ -194,6 +195,16 @@ class Registry(SignedVersions):
         target = pipeline.Target(device, dtype, model, device_map, max_memory, no_split,
                                  align_inputs)
         return pipeline.pull(self._backend, self.settings, ref, target, merge=merge)
+
+    def materialize_uri(self, uri: str, dest: str | os.PathLike[str], *,
+                        format: uri_door.Format = "hf") -> list[Path]:
+        """Write the version ``registry://NAME[:vN|@ALIAS]`` names into folder ``dest``, whole
+        or not at all: ``hf``, its save_pretrained folder; ``safetensors``, its weights."""
+        ref, fmt = uri_door.parse_uri(uri), uri_door.check_format(format)
+        return uri_door.materialize(dest, lambda tmp: self.save_pretrained(ref, tmp)
+                                    if fmt == "hf" else uri_door.write_weights(lambda: (
+                                        pipeline.opened_files(self._backend, self.settings,
+                                                              ref)), tmp))
 
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
         """Write the files attached to ``ref`` (tokenizer, config...; ``oci://`` included)

@@ -4,7 +4,8 @@
     ├── RefError (ValueError)                  malformed name, ref, alias or version
     ├── SettingsError (ValueError)             a bad environment variable or option
     ├── NotFoundError (LookupError)            unknown model, version, alias or digest
-    │   └── BaseNotFoundError                  an adapter whose base version is not stored
+    │   ├── BaseNotFoundError                  an adapter whose base version is not stored
+    │   └── HubNotFoundError                   a repo, revision or file the Hub door lacks
     ├── VersionExistsError                     an explicit version claim that is taken or retired
     ├── VersionAliasedError                    deleting a version an alias points at, unforced
     ├── CheckpointError (ValueError)           a file that cannot be read as weights
@@ -83,6 +84,20 @@ class MissingBlobError(NotFoundError):
     def __init__(self, message: str, *, files: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.files = list(files)  # the VersionFiles that vanished
+
+
+class HubNotFoundError(NotFoundError):
+    """What the Hub door (``/hf``) does not have, with the Hub's ``X-Error-Code`` for it:
+    ``RepoNotFound`` (no such model, or one the caller may not see), ``RevisionNotFound``,
+    ``EntryNotFound`` (a file the version does not list)."""
+
+    code = "hub_not_found"
+
+    def __init__(self, message: str, *, hub_code: str = "RepoNotFound",
+                 commit: str | None = None) -> None:
+        super().__init__(message)
+        self.hub_code = hub_code
+        self.commit = commit
 
 
 class VersionExistsError(RegistryError):

@@ -92,18 +92,37 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
         name = written_dtype(manifest, key, None if requested is None else dtype_name(requested))
         return stored if name == dtype_name(stored) else getattr(torch, name)
 
-    for f in files:
-        shard = f.blob
-        if f.data is not None:
-            attachments.write_bytes(root / f.name, f.data)
-        elif shard is not None and shard.role == "weights" and weights is None:
+    for shard in (f.blob for f in files if f.blob is not None and f.blob.role == "weights"):
+        if weights is None:
             _write_shard(root / shard.name, shard, open_blob, specs, dtype_of, requested, origin,
                          file_metadata)
-        elif shard is not None and shard.role == "weights":
-            with safewrite.replacing(root / shard.name) as fh:
-                write_safetensors({k: weights[k].detach().to(
-                    "cpu", dtype_of(k, getattr(torch, specs[k]["dtype"]))).contiguous()
-                    for k in shard.tensors}, fh, file_metadata)
+            continue
+        with safewrite.replacing(root / shard.name) as fh:
+            write_safetensors({k: weights[k].detach().to(
+                "cpu", dtype_of(k, getattr(torch, specs[k]["dtype"]))).contiguous()
+                for k in shard.tensors}, fh, file_metadata)
+    for f in files:  # the configs last, as transformers' save_pretrained
+        if f.data is not None:
+            attachments.write_bytes(root / f.name, f.data)
+    return root
+
+
+def write_shards(manifest: Mapping[str, Any], open_blob: Callable[[str, int], BinaryIO],
+                 dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest, origin: str) -> Path:
+    """Write only the shards of a float version, under their Hugging Face names, their floats
+    cast to ``dtype``: the weights of a version that records no transformers config."""
+    requested = dev.parse_dtype(dtype)
+    named = None if requested is None else dtype_name(requested)
+    root = safewrite.folder(Path(dest_dir))
+
+    def dtype_of(key: str, stored: torch.dtype) -> torch.dtype:
+        name = written_dtype(manifest, key, named)
+        return stored if name == dtype_name(stored) else getattr(torch, name)
+
+    for f in listing(manifest, dtype=named):
+        if f.blob is not None and f.blob.role == "weights":
+            _write_shard(root / f.name, f.blob, open_blob, manifest["tensors"], dtype_of,
+                         requested, origin)
     return root
 
 

@@ -26,21 +26,23 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.backends import LocalBackend
+from registry.doors.hf import HubDoor
 from registry.errors import NotFoundError, RegistryError, SettingsError
 from registry.mirror_mlflow import MirrorWorker
 from registry.settings import Settings
+from registry.signing.service import directory_signature
 from registry.webhooks.worker import DeliveryWorker
 from registry.wire import status_for
 
 from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
-from .routes import admin, blobs, events, exports, models, pushes, signatures, webhooks
+from .routes import admin, blobs, events, exports, hf, models, pushes, signatures, webhooks
 from .signatures import CommitSignatures
 
 log = logging.getLogger("registry.server")
 
 ROUTERS = (signatures.router, models.router, pushes.router, blobs.router, admin.router,
-           exports.router, events.router, webhooks.router)
+           exports.router, events.router, webhooks.router, hf.router)
 
 
 def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = None,
@@ -71,6 +73,9 @@ def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = No
     app.state.mirror = mirror
     app.state.delivery = DeliveryWorker(local.webhooks) if deliver else None
     app.state.signing = CommitSignatures(local, settings)
+    app.state.hub = HubDoor(resolve=local.resolve, list_versions=local.list_versions,
+                            open_blob=local.open_blob, cache_dir=local.cache.root,
+                            signature=lambda m: directory_signature(local.signatures, m))
     app.add_middleware(BodyLimit)
     app.add_exception_handler(RegistryError, _registry_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ over the app and a test can build an app from any backend, policy or mirror.
     app.state.mirror     an object with poke() told of each change (the MLflow mirror), or None
     app.state.signing    the CommitSignatures policy for commits and signature routes
     app.state.delivery   the webhook DeliveryWorker (a background thread), or None
+    app.state.hub        the Hub door (registry/doors/hf.py) the /hf routes answer from
 
 ``read``, ``write`` and ``admin`` are the auth scopes as parameter defaults
 (``caller: Principal = read``): each answers the caller (server/auth.py) or raises 401/403, and
@@ -31,6 +32,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from registry.backends import LocalBackend
+from registry.doors.hf import HubDoor
 from registry.events import set_actor
 from registry.refs import validate_name
 from registry.settings import Settings
@@ -56,6 +58,11 @@ def _signing(request: Request) -> CommitSignatures:
     return signing
 
 
+def _hub(request: Request) -> HubDoor:
+    door: HubDoor = request.app.state.hub
+    return door
+
+
 def _changed(request: Request) -> Callable[[], None]:
     """Tell the mirror (if any) that the catalog changed."""
     mirror = request.app.state.mirror
@@ -69,6 +76,7 @@ def _nothing() -> None:
 Backend = Annotated[LocalBackend, Depends(_backend)]
 ServerSettings = Annotated[Settings, Depends(_settings)]
 Signing = Annotated[CommitSignatures, Depends(_signing)]
+Hub = Annotated[HubDoor, Depends(_hub)]
 Changed = Annotated[Callable[[], None], Depends(_changed)]
 
 

@@ -284,4 +284,22 @@ def gc(ctx: click.Context) -> None:
                    f"{len(report.orphan_manifests)} manifest(s) of versions never committed")
 
 
-COMMANDS = [push, pull, ls, show, alias, tag, rm, gc]
+@click.command()
+@click.argument("uri")
+@click.argument("dest", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["hf", "safetensors"]), default="hf",
+              show_default=True,
+              help="hf: the from_pretrained folder (config, weights, files, model.sig); "
+                   "safetensors: the weights alone.")
+@click.pass_context
+def materialize(ctx: click.Context, uri: str, dest: str, fmt: str) -> None:
+    """Write the version URI names (registry://NAME, registry://NAME:vN, registry://NAME@ALIAS)
+    into folder DEST, whole or not at all, and list what was written: the entry point of a
+    KServe storage initializer. REGISTRY_URI picks a server, else the embedded registry."""
+    written = open_registry(ctx).materialize_uri(uri, dest, format=fmt)
+    for path in written:
+        click.echo(f"{path}\t{human_bytes(path.stat().st_size)}")
+    click.echo(f"wrote {len(written)} file(s) of {uri} to {dest}")
+
+
+COMMANDS = [push, pull, materialize, ls, show, alias, tag, rm, gc]

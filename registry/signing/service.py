@@ -126,17 +126,25 @@ def enforce(store: SignatureStore, manifest: Mapping[str, Any], mode: str, *,
     return good
 
 
-def write_directory_signature(store: SignatureStore, manifest: Mapping[str, Any],
-                              root: Path) -> Path | None:
-    """Write ``model.sig`` into a directory ``save_pretrained`` just wrote with the stored
-    bytes: the latest signature's bundle over exactly those files, so the reference
-    ``model_signing verify`` passes on it. None (nothing written) for an unsigned version."""
+def directory_signature(store: SignatureStore, manifest: Mapping[str, Any]) -> bytes | None:
+    """The ``model.sig`` of the directory ``save_pretrained`` writes with the stored bytes: the
+    latest signature's bundle over exactly those files, so the reference ``model_signing
+    verify`` passes on it. None for an unsigned version."""
     listed = [r for r in store.listed(manifest["name"], manifest["version"]) if r["pretrained"]]
     if not listed:
         return None
     extra = listed[-1]["pretrained"]
+    return store.bundle(extra["digest"], extra["size"])
+
+
+def write_directory_signature(store: SignatureStore, manifest: Mapping[str, Any],
+                              root: Path) -> Path | None:
+    """Write :func:`directory_signature` into a directory ``save_pretrained`` just wrote with
+    the stored bytes; None (nothing written) for an unsigned version."""
+    data = directory_signature(store, manifest)
+    if data is None:
+        return None
     target = root / oms.SIGNATURE_NAME
-    data = store.bundle(extra["digest"], extra["size"])
     tmp = target.with_name(f".registry-{target.name}")
     tmp.write_bytes(data)
     tmp.replace(target)

@@ -68,6 +68,9 @@ LAZY_OWN_IMPORTS: dict[tuple[str, str], tuple[int, str]] = {
     # Every Registry imports backends, a remote one too: the SQL catalog loads only when
     # from_settings opens a local one, so a client of a server never imports sqlalchemy.
     ("registry.backends", "registry.catalog.repository"): (1, "from_settings: a local catalog"),
+    # The server serves the Hub door without torch; a derived revision (a dtype variant, a
+    # torchao or adapter directory) is written by save_pretrained's writer, loaded on first use.
+    ("registry.doors.hf", "registry.doors.hfderive"): (1, "a derived revision needs torch"),
 }
 
 
