@@ -97,6 +97,7 @@ class Claimed:
     """A delivery a worker holds the lease of: what to send, and to whom."""
 
     pk: int
+    owner: str  # the lease's token: what recording the attempt must still find on the row
     delivery_id: str
     webhook_id: str
     url: str
@@ -206,25 +207,24 @@ class WebhookRows:
                                    DeliveryRow.next_attempt_at <= now, free,
                                    WebhookRow.enabled.is_(True), ~before)
                             .order_by(DeliveryRow.id).limit(limit)).scalars().all()
-        claimed = []
-        for pk in due:
-            with self.session() as s:
-                taken = s.execute(update(DeliveryRow)
-                                  .where(DeliveryRow.id == pk, DeliveryRow.state == PENDING,
-                                         free)
-                                  .values(lease_owner=worker, lease_until=now + lease))
-                if getattr(taken, "rowcount", 0) != 1:
-                    continue  # another worker claimed it between the read and the update
-                row = s.get(DeliveryRow, pk)
-                hook = s.get(WebhookRow, row.webhook_id) if row is not None else None
-                if row is None or hook is None:
-                    continue
-                claimed.append(Claimed(row.id, row.delivery_id, hook.id, hook.url, hook.secret,
-                                       row.kind, json.loads(row.payload), row.attempts,
-                                       aware(row.created_at)))
-        return claimed
+        if not due:
+            return []
+        # One transaction takes every free one of them, marked with this pass's own token, so
+        # the rows read back are exactly the ones this pass won.
+        owner = f"{worker}.{secrets.token_hex(4)}"
+        with self.session() as s:
+            s.execute(update(DeliveryRow)
+                      .where(DeliveryRow.id.in_(due), DeliveryRow.state == PENDING, free)
+                      .values(lease_owner=owner, lease_until=now + lease))
+            rows = s.execute(select(DeliveryRow, WebhookRow)
+                             .join(WebhookRow, WebhookRow.id == DeliveryRow.webhook_id)
+                             .where(DeliveryRow.id.in_(due), DeliveryRow.lease_owner == owner)
+                             .order_by(DeliveryRow.id)).all()
+            return [Claimed(row.id, owner, row.delivery_id, hook.id, hook.url, hook.secret,
+                            row.kind, json.loads(row.payload), row.attempts,
+                            aware(row.created_at)) for row, hook in rows]
 
-    def record(self, pk: int, worker: str, attempt: Attempt, *, state: str,
+    def record(self, pk: int, owner: str, attempt: Attempt, *, state: str,
                next_attempt_at: datetime | None) -> bool:
         """Record an attempt of a claimed delivery and release its lease; False when the lease
         was lost (expired and taken by another worker): the attempt is still recorded."""
@@ -237,7 +237,7 @@ class WebhookRows:
             if next_attempt_at is not None:
                 values["next_attempt_at"] = next_attempt_at
             kept = s.execute(update(DeliveryRow).where(DeliveryRow.id == pk,
-                                                       DeliveryRow.lease_owner == worker)
+                                                       DeliveryRow.lease_owner == owner)
                              .values(**values))
             return getattr(kept, "rowcount", 0) == 1
 

@@ -154,7 +154,7 @@ class LocalWebhooks:
         worker = worker or f"w-{uuid.uuid4().hex[:12]}"
         report = DeliverReport()
         claimed: list[Claimed] = self.rows.claim(worker, LEASE, limit=limit)
-        outcomes = concurrently(lambda c: self._attempt(c, worker), claimed,
+        outcomes = concurrently(lambda c: self._attempt(c), claimed,
                                 workers=SEND_CONCURRENCY)
         for claim, outcome in zip(claimed, outcomes, strict=True):
             if outcome == "disabled":
@@ -169,7 +169,7 @@ class LocalWebhooks:
     def pending(self) -> int:
         return self.rows.pending()
 
-    def _attempt(self, claim: Claimed, worker: str) -> str:
+    def _attempt(self, claim: Claimed) -> str:
         body = body_of(claim.payload, claim.webhook_id, claim.delivery_id)
         try:
             headers = signed_headers(self.sealer.open(claim.sealed_secret), claim.kind,
@@ -179,22 +179,22 @@ class LocalWebhooks:
             attempt = Attempt(now, None, 0, "", str(exc))
         else:
             attempt = self.sender.post(claim.url, body, headers)
-        status = attempt.status
+        status, after = attempt.status, None
         if status is not None and 200 <= status < 300:
-            self.rows.record(claim.pk, worker, attempt, state="delivered", next_attempt_at=None)
-            return "delivered"
-        if status == 410:
-            self.rows.record(claim.pk, worker, attempt, state="failed", next_attempt_at=None)
+            outcome = "delivered"
+        elif status == 410:
+            outcome = "disabled"
             self.rows.disable(claim.webhook_id, f"the receiver answered 410 Gone at "
                                                 f"{attempt.at.isoformat()}")
             log.warning("webhook %s disabled: its receiver answered 410 Gone",
                         claim.webhook_id)
-            return "disabled"
-        after = attempt.at + backoff(claim.attempts + 1)
-        if after - claim.created_at > self.retry:
-            self.rows.record(claim.pk, worker, attempt, state="failed", next_attempt_at=None)
-            log.warning("webhook %s: delivery %s given up after %d attempts", claim.webhook_id,
-                        claim.delivery_id, claim.attempts + 1)
-            return "failed"
-        self.rows.record(claim.pk, worker, attempt, state="pending", next_attempt_at=after)
-        return "retrying"
+        else:
+            after = attempt.at + backoff(claim.attempts + 1)
+            outcome = "retrying"
+            if after - claim.created_at > self.retry:
+                outcome, after = "failed", None
+                log.warning("webhook %s: delivery %s given up after %d attempts",
+                            claim.webhook_id, claim.delivery_id, claim.attempts + 1)
+        state = {"delivered": "delivered", "retrying": "pending"}.get(outcome, "failed")
+        self.rows.record(claim.pk, claim.owner, attempt, state=state, next_attempt_at=after)
+        return outcome
