@@ -169,7 +169,8 @@ async def receive_blob(local: LocalBackend, digest: str, request: Request,
 # file (a server may ignore a Range), and a range past the end 416.
 
 _CHUNK = 1 << 20
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+# At most 19 digits each (no file is larger): int() of a 5000-digit number raises ValueError.
+_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
 
 
 def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
