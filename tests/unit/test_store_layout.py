@@ -21,6 +21,7 @@ def test_every_key_is_spelled_as_stores_already_hold_it() -> None:
     assert layout.aliases_key("m") == "aliases/m.json"
     assert layout.checked_key(DIGEST) == f"checked/sha256/{HEX}"
     assert layout.pending_export_key(DIGEST) == f"exports-pending/sha256/{HEX}"
+    assert layout.proved_key(DIGEST) == f"proved/sha256/{HEX}"
     assert layout.touched_key(f"blobs/sha256/{HEX}") == f"touched/sha256/{HEX}"
 
 
