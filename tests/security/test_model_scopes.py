@@ -32,8 +32,11 @@ TOKENS = {  # name: (scopes, model patterns)
     "team-a-admin": ("admin", "team-a-*"),
     "team-a-reader": ("read", "team-a-*"),
 }
-# A value for each path parameter other than {name} (an existing version, alias, digest).
-FILLERS = {"version": "1", "alias": "prod", "digest": "sha256:" + "ab" * 32}
+# A value for each path parameter other than the model's (an existing version, alias, digest; the
+# Hub door's revision and file).
+FILLERS = {"version": "1", "alias": "prod", "digest": "sha256:" + "ab" * 32, "revision": "main",
+           "path": "config.json"}
+MODEL_PARAMS = ("name", "repo")  # the REST API's {name}, the Hub door's {repo}
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +65,23 @@ def _model_routes() -> list[tuple[str, str]]:
     found = []
     for router in ROUTERS:
         for route in router.routes:
-            if isinstance(route, APIRoute) and "{name}" in route.path:
+            if isinstance(route, APIRoute) and any(f"{{{p}}}" in route.path
+                                                   for p in MODEL_PARAMS):
                 found.extend((method, route.path) for method in sorted(route.methods))
     return found
 
 
 def _fill(path: str, name: str) -> str:
-    return re.sub(r"\{(\w+)\}", lambda m: name if m[1] == "name" else FILLERS[m[1]], path)
+    return re.sub(r"\{(\w+)(?::path)?\}",
+                  lambda m: name if m[1] in MODEL_PARAMS else FILLERS[m[1]], path)
 
 
 def _answer(response: httpx.Response, name: str) -> tuple[int, Any]:
-    """Status and body with the model name taken out: what must not differ."""
+    """Status, body and the Hub's error headers with the model name taken out: what must not
+    differ."""
     body = response.json() if response.content else None
-    text = str(body).replace(name, "NAME")
+    hub = {k: v for k, v in response.headers.items() if k.lower().startswith("x-error")}
+    text = str((body, hub)).replace(name, "NAME")
     return response.status_code, text
 
 
@@ -83,6 +90,7 @@ def test_the_matrix_covers_the_routes_that_name_a_model() -> None:
     paths = {path for _, path in routes}
     # The routes of this server that take a model (a new one joins the matrix by itself).
     for expected in (f"{API}/models/{{name}}/versions", f"{API}/models/{{name}}/pushes",
+                     "/hf/api/models/{repo}", "/hf/{repo}/resolve/{revision}/{path:path}",
                      f"{API}/models/{{name}}/aliases/{{alias}}",
                      f"{API}/models/{{name}}/versions/{{version}}/signatures",
                      f"{API}/models/{{name}}/versions/{{version}}/exports"):
@@ -107,7 +115,7 @@ def test_a_hidden_model_answers_exactly_as_a_missing_one(
             assert answers[0][0] == 403  # the scope is checked first, the same for both
         else:
             assert answers[0][0] == 404, answers
-            assert "not_found" in answers[0][1]
+            assert "not_found" in answers[0][1] or "RepoNotFound" in answers[0][1]
 
 
 @pytest.mark.parametrize("path", [
@@ -337,9 +345,10 @@ def test_a_limited_admin_is_admin_of_its_models_only(
         scoped: tuple[Service, dict[str, str]]) -> None:
     service, tokens = scoped
     api, limited = service.url + API, _headers(tokens["team-a-admin"])
-    for path in ("/gc", "/mlflow/sync"):
-        response = httpx.post(api + path, headers=limited)
-        assert response.status_code == 403, response.text
+    for method, path in (("POST", "/gc"), ("POST", "/mlflow/sync"), ("GET", "/events"),
+                         ("GET", "/webhooks")):
+        response = httpx.request(method, api + path, headers=limited)
+        assert response.status_code == 403, (path, response.text)
         assert "needs an admin token created without --models" in response.text
     assert httpx.post(api + "/gc", headers=_headers(tokens["boss"])).status_code == 200
     # Admin over its own models: it moves their aliases.
