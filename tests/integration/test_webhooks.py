@@ -6,10 +6,13 @@ the SSRF guard refuses what it must, embedded and through a server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ import registry
 from registry.catalog.events import append_event
 from registry.errors import ForbiddenError, NotFoundError, WebhookTargetError
 from registry.events import KINDS
+from registry.webhooks.sender import Sender
 from registry.webhooks.worker import deliver_due
 from server.auth import AuthFile, parse_scopes
 from tests.helpers import clean_env
@@ -307,3 +311,73 @@ def test_deliver_follow_runs_until_terminated(tmp_path: Path, receiver: Receiver
         assert follower.wait(timeout=30) == 0
         reg.close()
     assert os.path.exists(home / "webhook.key")
+
+
+def test_db_rebuild_keeps_the_webhooks_and_sends_no_event_again(reg: registry.Registry,
+                                                                receiver: Receiver) -> None:
+    hook = reg.add_webhook(receiver.url, "*")
+    reg.push({"w": torch.ones(2)}, "rebuilt")
+    reg.set_alias("rebuilt", "production", 1)
+    _deliver(reg)
+    assert len(receiver.events(hook.secret or "")) == 2
+    assert reg.backend.rebuild() == 1  # type: ignore[attr-defined]
+    assert [w.id for w in reg.list_webhooks()] == [hook.id]
+    _deliver(reg)
+    assert len(receiver.events(hook.secret or "")) == 2  # restoring the log invents nothing
+    reg.set_alias("rebuilt", "staging", 1)
+    _deliver(reg)
+    assert [e["alias"] for e in receiver.events(hook.secret or "")][-1] == "staging"
+
+
+# -- one attempt's bounds (registry/webhooks/sender.py) ----------------------------------------
+
+@pytest.fixture
+def raw_server() -> Iterator[tuple[socket.socket, list[bytes]]]:
+    """A listening socket the test answers by hand (``answer`` set below), and what it read."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    yield sock, []
+    sock.close()
+
+
+def _serve_once(sock: socket.socket, answer: bytes | None, got: list[bytes]) -> threading.Thread:
+    def run() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            got.append(conn.recv(65536))
+            if answer is None:
+                time.sleep(3)  # never answers within the sender's time bound
+                return
+            with contextlib.suppress(OSError):
+                conn.sendall(answer)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_attempt_reads_a_bounded_answer_and_follows_no_redirect(
+        raw_server: tuple[socket.socket, list[bytes]]) -> None:
+    sock, got = raw_server
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/hooks"
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n" + b"x" * 4_000_000
+    thread = _serve_once(sock, huge, got)
+    attempt = Sender(allow_private=True).post(url, b"{}", {"Content-Type": "application/json"})
+    thread.join(timeout=30)
+    assert attempt.status == 200 and attempt.answer == "x" * 1024
+    assert got[0].startswith(b"POST /hooks HTTP/1.1")
+    moved = b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/\r\nContent-Length: 0\r\n\r\n"
+    thread = _serve_once(sock, moved, got)
+    attempt = Sender(allow_private=True).post(url, b"{}", {})
+    thread.join(timeout=30)
+    assert attempt.status == 302 and len(got) == 2  # one request: the redirect not followed
+
+
+def test_an_attempt_gives_up_at_its_time_bound(
+        raw_server: tuple[socket.socket, list[bytes]]) -> None:
+    sock, got = raw_server
+    thread = _serve_once(sock, None, got)
+    attempt = Sender(allow_private=True, timeout=0.5).post(
+        f"http://127.0.0.1:{sock.getsockname()[1]}/", b"{}", {})
+    thread.join(timeout=30)
+    assert attempt.status is None and "timed out" in (attempt.error or "")
