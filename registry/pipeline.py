@@ -124,8 +124,8 @@ def module(backend: Backend, settings: Settings, record: VersionRecord, target: 
     device = scheme.auto_device(target.device, facts)
     tied = dict(manifest["source"].get("tied", {}))
     stored = scheme.module_keys({*manifest["tensors"], *tied})
-    built = mat.build_module(target.model, manifest.get("architecture", {}),
-                             settings.trusted_factories, ref_text, stored=stored)
+    built = scheme.skeleton(mat.build_module(target.model, manifest.get("architecture", {}),
+                                             settings.trusted_factories, ref_text, stored=stored))
     tied.update(mat.implied_ties(built, stored))
     stored_shapes = {**manifest["tensors"],
                      **{a: manifest["tensors"][k] for a, k in tied.items()}}

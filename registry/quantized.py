@@ -196,7 +196,7 @@ def _record(library: str, version: str, method: str, module: nn.Module,
     }
 
 
-def _is_dynamic_linear(module: nn.Module) -> bool:
+def _is_dynamic_linear(module: nn.Module | None) -> bool:
     try:
         from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
     except ImportError:  # pragma: no cover - torch without torch.ao
@@ -221,6 +221,23 @@ class Scheme(Checked):
                                            "bias")}
             keys |= {f"{p}.weight", *([f"{p}.bias"] if m["bias"] else [])}
         return keys
+
+    def skeleton(self, module: nn.Module) -> nn.Module:
+        """``module`` as the pull fills it: a ``quantize_dynamic`` model given as ``model=`` (the
+        quantized skeleton a user holds) gets float ``nn.Linear`` shells of the recorded shapes
+        where its dynamic Linears are, as the float builder would have given them."""
+        if self.record["library"] == TORCHAO:
+            return module
+        for m in self.record["modules"]:
+            parent_path, _, attr = m["path"].rpartition(".")
+            try:
+                parent = module.get_submodule(parent_path)
+            except AttributeError:
+                continue  # check_fits names what the model lacks
+            if _is_dynamic_linear(parent._modules.get(attr)):
+                parent._modules[attr] = nn.Linear(m["in_features"], m["out_features"],
+                                                  bias=m["bias"], device="meta")
+        return module
 
     def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
         """The module keys' shapes: a quantized weight's is its logical (float) shape."""

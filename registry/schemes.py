@@ -292,6 +292,10 @@ class Plain:
     def module_keys(self, stored: Iterable[str]) -> set[str]:
         return set(stored)
 
+    def skeleton(self, module: Any) -> Any:
+        """The built module as the later steps fill it."""
+        return module
+
     def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
         return specs
 

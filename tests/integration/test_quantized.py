@@ -129,6 +129,22 @@ def test_a_dynamically_quantized_module_round_trips(reg: Registry) -> None:
         torch.testing.assert_close(pulled(x), pushed(x))
 
 
+def test_a_dynamic_version_pulls_into_the_quantized_skeleton_as_into_the_float_builder(
+        reg: Registry) -> None:
+    """model= may be what the user holds after quantizing: quantize_dynamic(MyNet(), ...)."""
+    pushed = _dynamic(torch.ao.quantization.per_channel_dynamic_qconfig)
+    mv = reg.push(pushed, "dq")
+    x = torch.randn(4, 16)
+    for model in (_float, _dynamic, _dynamic()):
+        pulled = reg.pull(mv.ref, device="cpu", model=model)
+        for path in ("0", "2"):
+            got = pulled.get_submodule(path)._packed_params._weight_bias()[0]
+            want = pushed.get_submodule(path)._packed_params._weight_bias()[0]
+            assert torch.equal(got.int_repr(), want.int_repr())
+            assert got.qscheme() == want.qscheme()
+        torch.testing.assert_close(pulled(x), pushed(x))
+
+
 def test_a_quantized_state_dict_is_still_refused_with_the_way_out(reg: Registry) -> None:
     with pytest.raises(NormalizationError, match="packed quantized parameters"):
         reg.push(_dynamic().state_dict(), "q")
