@@ -5,7 +5,8 @@ store can edit; calling it runs code on every machine that pulls. The rule, chec
 anything is imported:
 
 1. it parses strictly as ``package.module:Qual.name`` of public identifiers (none starts with
-   ``_``, so no ``_api``/``__class__`` hops);
+   ``_``, so no ``_api``/``__class__`` hops), or ``__main__:Name`` (a class of the script that
+   pushed it, found only in a process whose ``__main__`` defines it);
 2. either the module path is a trusted prefix (``REGISTRY_TRUSTED_FACTORIES``, default
    ``torchvision.models,timm``) or below one, or the module is already imported
    (``sys.modules``) and the target, found without running any attribute hook, is an
@@ -34,7 +35,8 @@ from torch import nn
 from .errors import ArchitectureUnknownError, UntrustedFactoryError, quoted
 
 _PUBLIC_ID = r"[A-Za-z][A-Za-z0-9_]*"
-_FACTORY_RE = re.compile(rf"(?P<module>{_PUBLIC_ID}(?:\.{_PUBLIC_ID})*)"
+# `__main__` (the user's script, `__main__:MyNet`) is the one module name with underscores.
+_FACTORY_RE = re.compile(rf"(?P<module>__main__|{_PUBLIC_ID}(?:\.{_PUBLIC_ID})*)"
                          rf":(?P<qualname>{_PUBLIC_ID}(?:\.{_PUBLIC_ID})*)")
 _MAX_FACTORY = 300
 _FETCHING_KWARG_RE = re.compile(
@@ -156,6 +158,13 @@ def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
     why = fix = ""
     try:
         module_name, attrs = _parse_factory(factory)
+        if module_name == "__main__":
+            warnings.warn(
+                f"factory {factory!r} is recorded from your script (__main__): only a process "
+                f"whose __main__ defines {attrs[-1]} can pull it without model=; move "
+                f"{attrs[-1]} into a module and push factory='yourmodule:{'.'.join(attrs)}' to "
+                "pull it anywhere", UserWarning, stacklevel=3)
+            return factory
     except UntrustedFactoryError:
         why, fix = "it is not a 'package.module:callable' of public names", "name a public one"
     else:

@@ -196,10 +196,10 @@ def factory_string(factory: object) -> str:
     if callable(factory):
         module = getattr(factory, "__module__", None)
         qualname = getattr(factory, "__qualname__", None)
-        if not module or not qualname or "<" in qualname or module == "__main__":
+        if not module or not qualname or "<" in qualname:
             raise NormalizationError(
                 f"factory {factory!r} cannot be recorded: it must be importable by name (a "
-                "top-level function or class in a module, not a lambda, local or __main__ object)"
+                "top-level function or class, not a lambda or a local object)"
             )
         return f"{module}:{qualname}"
     raise NormalizationError(f"factory must be a 'module:callable' string or a callable, "

@@ -8,6 +8,7 @@ API (push records any ``module:callable`` string) and pull them.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -201,3 +202,70 @@ def test_cli_pull_of_a_hostile_factory_never_builds(reg: registry.Registry, home
 def test_trusted_module_that_is_not_installed_is_architecture_unknown() -> None:
     with pytest.raises(ArchitectureUnknownError, match="cannot be imported"):
         resolve_factory("timm.no_such_module:Net", TRUSTED)
+
+
+_SCRIPT_NET = """
+import sys, warnings
+import torch
+from torch import nn
+import registry
+
+class MyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+"""
+
+
+def _script(tmp: Path, name: str, body: str, home: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp / name
+    path.write_text(body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    env.update(REGISTRY_HOME=str(home), PYTHONWARNINGS="default")
+    return subprocess.run([sys.executable, str(path)], env=env, cwd=tmp, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_class_of_the_users_script_is_recorded_as_main_with_a_warning_naming_the_fix(
+        work: Path, home: Path) -> None:
+    tmp_path = work  # the scripts live where the outside-the-home sentinel does not look
+    pushed = _script(tmp_path, "train.py", _SCRIPT_NET + """
+torch.manual_seed(0)
+mv = registry.push(MyNet(), "mynet", factory=MyNet)
+print(mv.metadata["architecture"]["factory"])
+""", home)
+    assert pushed.returncode == 0, pushed.stderr
+    assert pushed.stdout.strip() == "__main__:MyNet"
+    warned = [line for line in pushed.stderr.splitlines() if "UserWarning" in line]
+    assert len(warned) == 1, pushed.stderr
+    assert "only a process whose __main__ defines MyNet can pull it" in warned[0]
+    assert "factory='yourmodule:MyNet'" in warned[0]
+
+    # A process whose __main__ defines the class pulls it without model=.
+    again = _script(tmp_path, "serve.py", _SCRIPT_NET + """
+model = registry.pull("mynet")
+torch.manual_seed(0)
+assert type(model) is MyNet and torch.equal(model.fc.weight, MyNet().fc.weight)
+print("pulled", type(model).__name__)
+""", home)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "pulled MyNet"
+
+    # One without it is told what is missing, and nothing is imported or built.
+    elsewhere = _script(tmp_path, "other.py", """
+import registry
+from registry.errors import ArchitectureUnknownError
+try:
+    registry.pull("mynet")
+except ArchitectureUnknownError as exc:
+    print(exc)
+""", home)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert "'__main__:MyNet' does not exist in __main__" in elsewhere.stdout
+    assert "pass model=" in elsewhere.stdout
+
+
+def test_a_main_factory_never_reaches_past_the_class(reg: registry.Registry) -> None:
+    for factory in ("__main__:sys", "__main__:__builtins__", "__main__._x:Y", "__mainx__:Y"):
+        with pytest.raises((UntrustedFactoryError, ArchitectureUnknownError)):
+            resolve_factory(factory, ())
