@@ -8,7 +8,8 @@ share ``_context`` and never import this module.
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+import warnings
+from typing import Any, NoReturn
 
 import click
 
@@ -28,9 +29,18 @@ for _module in (models, exports, signing, provenance, governance, admin, cache, 
         cli.add_command(_command)
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as the command's other messages are: one line on stderr, without the file,
+    line number and source line Python's default format adds."""
+    click.echo(f"warning: {' '.join(str(message).split())}", err=True)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     try:
-        cli.main(args=argv, prog_name="registry", standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            cli.main(args=argv, prog_name="registry", standalone_mode=False)
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -95,6 +95,16 @@ def test_errors_are_one_line_with_exit_codes(env: dict[str, str], args: list[str
     assert result.stderr.startswith("error: ")
 
 
+def test_a_warning_is_one_clean_line(env: dict[str, str], checkpoint: Path) -> None:
+    pushed = run_cli("push", "mlp", str(checkpoint), "--factory", "subprocess:Popen", env=env,
+                     check=True)
+    assert pushed.stdout.startswith("pushed mlp:v1 sha256:")
+    assert pushed.stderr.count("\n") == 1, pushed.stderr
+    assert pushed.stderr.startswith("warning: factory 'subprocess:Popen' is recorded, but pull "
+                                    "will refuse to call it"), pushed.stderr
+    assert "UserWarning" not in pushed.stderr and ".py:" not in pushed.stderr
+
+
 def test_pull_to_a_missing_gpu_and_unsafe_pickles(env: dict[str, str], checkpoint: Path,
                                                  tmp_path: Path) -> None:
     run_cli("push", "mlp", str(checkpoint), env=env, check=True)
