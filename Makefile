@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-dev
+# pip --quiet still relays setuptools' boxed notice for an editable install whose package_dir maps
+# a folder ("Editable installation. Please be careful with folders..."): information, not a
+# fault, that reads like one. It is filtered by its message in the build backend pip starts.
+PIP = PYTHONWARNINGS="ignore:Editable installation" $(1) -m pip
 
 .PHONY: demo test docs test-oldest-torch lint bench dist clean
 
@@ -11,12 +15,12 @@ STAMP := $(VENV)/.installed-dev
 # hf, export and mlflow extras); the dev extras come on top for `make test`.
 $(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all]'
+	$(call PIP,$(PY)) install --quiet --upgrade pip
+	$(call PIP,$(PY)) install --quiet -e '.[all]'
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(call PIP,$(PY)) install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # Push a small model into a throwaway registry (./.demo), pull it with device="auto", show it.
@@ -39,8 +43,8 @@ TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 OLDEST_STAMP := $(OLDEST_VENV)/.installed-torch-$(TORCH_FLOOR)
 $(OLDEST_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(TORCH_FLOOR)" -e '.[test]'
+	$(call PIP,$(OLDEST_VENV)/bin/python) install --quiet --upgrade pip
+	$(call PIP,$(OLDEST_VENV)/bin/python) install --quiet "torch==$(TORCH_FLOOR)" -e '.[test]'
 	touch $(OLDEST_STAMP)
 
 test-oldest-torch: $(OLDEST_STAMP)
@@ -54,7 +58,7 @@ lint: $(STAMP)
 # Benchmarks against the floors and peers of issue 6 (~800 MB model; BENCH_ARGS=--quick: ~50 MB).
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(call PIP,$(PY)) install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

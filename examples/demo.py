@@ -56,6 +56,8 @@ def main() -> None:
     print(f"pulled  {pulled.registry_ref} onto {param.device} as {param.dtype}; "
           f"forward pass gives {tuple(out.shape)}\n")
     print(version_table(registry.show("tinynet")))
+    print(f"\nThis demo's registry is {workdir} (REGISTRY_HOME); without REGISTRY_HOME yours is "
+          "~/.registry. Try: REGISTRY_HOME=.demo .venv/bin/registry ls tinynet")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -76,3 +79,37 @@ def test_the_demo_labels_the_error_it_shows_on_purpose_as_expected(tmp_path: Pat
         assert line.strip().startswith("expected error:"), line
         assert "as expected on a machine without a GPU" in done.stdout
     assert "pulled  tinynet:v1" in done.stdout
+    assert "without REGISTRY_HOME yours is ~/.registry" in done.stdout
+
+
+def test_the_readme_names_the_default_home() -> None:
+    assert "`~/.registry`" in FIRST_SCREEN
+
+
+def test_all_is_everything_the_manual_uses_signing_included() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (combined,) = [spec for spec in extras["all"] if spec.startswith("torch-registry[")]
+    named = set(combined[len("torch-registry["):-1].split(","))
+    assert named == set(extras) - {"all", "dev", "bench", "test"}
+    assert "signing" in named
+
+
+def test_the_makefiles_editable_install_prints_nothing(tmp_path: Path) -> None:
+    """`make demo`'s install lines: an editable install prints no setuptools notice box."""
+    shown = subprocess.run(["make", "-s", "-C", str(ROOT), "--eval",
+                            "pip-line: ; @echo '$(call PIP,@PY@)'", "pip-line"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert shown.endswith("@PY@ -m pip"), shown
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", ".cache", ".demo", "site", "build", "dist", "*.egg-info", "node_modules",
+        "__pycache__", ".*_cache", "tests", "benchmarks", "docs", "examples", "deploy"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONWARNINGS")}
+    done = subprocess.run(f"{shown.replace('@PY@', str(venv / 'bin' / 'python'))} install "
+                          f"--quiet --no-deps -e {source}", shell=True, env=env, cwd=source,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout + done.stderr
+    assert "Editable installation" not in printed and "*****" not in printed, printed
