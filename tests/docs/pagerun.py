@@ -59,11 +59,12 @@ def _expect(value: Any, shown: str, line: int) -> None:
         raise BlockFailed(f"line {line} shows `# -> {shown}` but the value is {actual}")
 
 
-def with_value_checks(source: str) -> str:
+def with_value_checks(source: str, first_line: int = 0) -> str:
     """``source`` with each ``# -> VALUE`` comment turned into a check of the statement it ends
     (an expression, or an assignment to one name), on the same lines so tracebacks still point
-    at the page."""
-    comments = {tok.start[0]: m["value"]
+    at the page. A comment alone on its line shows the statement on the line above.
+    ``first_line`` is the page's line before the block's first, for messages."""
+    comments = {tok.start[0]: (m["value"], tok.line.lstrip().startswith("#"))
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                 if tok.type == tokenize.COMMENT and (m := _EXPECT.match(tok.string))}
     if not comments:
@@ -71,8 +72,11 @@ def with_value_checks(source: str) -> str:
     tree = ast.parse(source)
     lines = [line.encode() for line in source.splitlines(keepends=True)]
     ends = {node.end_lineno: node for node in ast.walk(tree) if isinstance(node, ast.stmt)}
-    for line in sorted(comments, reverse=True):
-        node, shown = ends.get(line), comments[line]
+    for comment_line in sorted(comments, reverse=True):
+        shown, alone = comments[comment_line]
+        line = comment_line - 1 if alone else comment_line
+        node = ends.get(line)
+        line = first_line + comment_line
         if isinstance(node, ast.Expr):
             target = node.value
             row, col = target.end_lineno - 1, target.end_col_offset  # type: ignore[operator]
@@ -87,7 +91,8 @@ def with_value_checks(source: str) -> str:
             lines[row] = lines[row][:col] + check.encode() + lines[row][col:]
         else:
             raise BlockFailed(f"line {line}: a `# ->` comment must end an expression or an "
-                              "assignment to one name, whose value it shows")
+                              "assignment to one name (or stand alone on the line after one), "
+                              "whose value it shows")
     return b"".join(lines).decode()
 
 
@@ -99,7 +104,7 @@ def run_python(block: Block, names: dict[str, Any], scratch: Path) -> dict[str, 
     example = CodeExample.create(block.source, path=block.page, start_line=block.line,
                                  prefix=block.language)
     python_file = scratch / f"{example.module_name}.py"
-    python_file.write_text(with_value_checks(block.source), encoding="utf-8")
+    python_file.write_text(with_value_checks(block.source, block.line), encoding="utf-8")
     check_prints = "#>" in block.source
     insert_print, new_names = run_code(
         example=example, python_file=python_file, loader=None,
