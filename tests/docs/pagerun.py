@@ -23,6 +23,7 @@ import ast
 import doctest
 import io
 import json
+import linecache
 import os
 import re
 import subprocess
@@ -180,6 +181,23 @@ def run_console(block: Block, scratch: Path) -> None:
             raise BlockFailed(f"`$ {command}` exited {rc}; it printed:\n{printed[-4000:]}")
 
 
+def _traceback(exc: BaseException) -> str:
+    """The traceback of a block's exception. pytest-examples gives the block's frames the page's
+    file and lines, frames the standard formatter cannot always position (Python 3.11), so the
+    frames are written out here: file, line, function and the line's text."""
+    lines = ["Traceback (most recent call last):"]
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+        text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+        if text:
+            lines.append(f"    {text}")
+        tb = tb.tb_next
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "\n".join(line.rstrip("\n") for line in lines)
+
+
 def run_page(page: Path) -> dict[str, Any]:
     blocks = page_blocks(page)
     sys.modules["__main__"] = types.ModuleType("__main__")  # the page's, not this runner's
@@ -201,10 +219,7 @@ def run_page(page: Path) -> dict[str, Any]:
                 else:
                     run_console(block, scratch)
             except BaseException as exc:  # pytest-examples fails with pytest's outcome exceptions
-                if isinstance(exc, BlockFailed):
-                    why = str(exc)
-                else:
-                    why = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                why = str(exc) if isinstance(exc, BlockFailed) else _traceback(exc)
                 return {"ran": ran, "failed": {"line": block.line, "language": block.language,
                                                "why": why}}
             finally:
