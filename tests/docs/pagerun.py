@@ -136,8 +136,9 @@ def run_pycon(block: Block, names: dict[str, Any]) -> None:
 def _bash(script: str, log: Path) -> tuple[int, str]:
     # Output goes to a file, not a pipe: a server a block starts with `&` keeps a pipe open.
     with log.open("w+", encoding="utf-8", errors="replace") as out:
-        rc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], stdin=subprocess.DEVNULL,
-                            stdout=out, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script],
+                            stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT).returncode
         out.seek(0)
         printed = out.read()
     sys.stdout.write(printed)

@@ -8,12 +8,14 @@ is skipped; the counts per page are printed in the terminal summary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,10 +67,22 @@ def _environment(tmp: Path) -> dict[str, str]:
     return env
 
 
+# Pages that start `registry serve` take turns: the manual's servers share the port it shows.
+_SERVING = threading.Lock()
+
+
 def run_page(page: Path) -> PageRun:
     run = PageRun(page=page, blocks=page_blocks(page))
     if not run.runnable:
         return run
+    if any("registry serve" in block.source for block in run.runnable):
+        with _SERVING:
+            return _run(run)
+    return _run(run)
+
+
+def _run(run: PageRun) -> PageRun:
+    page = run.page
     with tempfile.TemporaryDirectory(prefix=f"docs-{page.stem}-") as tmp:
         cwd = Path(tmp) / "work"
         cwd.mkdir()
@@ -84,10 +98,9 @@ def run_page(page: Path) -> PageRun:
             except subprocess.TimeoutExpired:
                 run.failure = f"the page did not finish in {PAGE_TIMEOUT_S} s"
             finally:
-                try:  # whatever the page left running (a server started with `&`) stops with it
+                # Whatever the page left running (a server started with `&`) stops with it.
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
             out.seek(0)
             run.output = out.read()
