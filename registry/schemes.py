@@ -292,7 +292,7 @@ class Plain:
     def module_keys(self, stored: Iterable[str]) -> set[str]:
         return set(stored)
 
-    def skeleton(self, module: Any) -> Any:
+    def skeleton(self, module: torch.nn.Module) -> torch.nn.Module:
         """The built module as the later steps fill it."""
         return module
 

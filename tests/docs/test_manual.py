@@ -112,7 +112,8 @@ def _run(run: PageRun) -> PageRun:
                 run.ran = result["ran"]
                 if result["failed"]:
                     failed = result["failed"]
-                    run.failure = (f"{page.relative_to(ROOT)}:{failed['line']}: the "
+                    where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+                    run.failure = (f"{where}:{failed['line']}: the "
                                    f"{failed['language']} block starting on this line failed:\n"
                                    f"{failed['why']}")
     return run

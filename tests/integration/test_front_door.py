@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from tests.helpers import clean_env
@@ -87,7 +87,8 @@ def test_the_readme_names_the_default_home() -> None:
 
 
 def test_all_is_everything_the_manual_uses_signing_included() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     (combined,) = [spec for spec in extras["all"] if spec.startswith("torch-registry[")]
     named = set(combined[len("torch-registry["):-1].split(","))
     assert named == set(extras) - {"all", "dev", "bench", "test"}
