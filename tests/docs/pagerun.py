@@ -7,9 +7,11 @@ namespace, the ``__main__`` of this process, as a script or a REPL session would
 - ``python``: run by pytest-examples (each block a ``__main__`` module carrying the page's names;
   a failure's traceback names the page's lines). A block with ``#>`` lines has the output of its
   ``print`` calls checked against them (pytest-examples' convention); ``expr  # -> VALUE`` and
-  ``name = expr  # -> VALUE`` check ``repr`` of the value against ``VALUE``.
+  ``name = expr  # -> VALUE`` check ``repr`` of the value against ``VALUE``, and
+  ``print(...)  # -> TEXT`` what it printed (the comment may stand on the next line).
 - ``pycon``: run by :mod:`doctest`, every output shown checked.
-- ``bash``: run by ``bash -e -o pipefail``; it must exit 0.
+- ``bash``: run by ``bash -e`` (no ``pipefail``: a reader's shell has none, and ``| head``
+  would fail it); it must exit 0.
 - ``console``: each ``$ command`` runs in bash; the lines shown under it, if any, are checked
   against what it printed (stdout and stderr), and a command with none shown must exit 0.
 
@@ -20,6 +22,7 @@ and, for a failure, the block's line and why.
 from __future__ import annotations
 
 import ast
+import contextlib
 import doctest
 import io
 import json
@@ -32,6 +35,7 @@ import tempfile
 import tokenize
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,16 @@ def matches(shown: str, actual: str) -> bool:
         return "\n".join(line.rstrip() for line in text.strip().splitlines())
     pattern = ".*?".join(re.escape(part) for part in _ELLIPSIS.split(norm(shown)))
     return re.fullmatch(pattern, norm(actual), re.S) is not None
+
+
+def _expect_printed(call: Callable[[], Any], shown: str, line: int) -> None:
+    """``print(...)  # -> TEXT``: what the call printed is ``TEXT``."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        call()
+    sys.stdout.write(out.getvalue())
+    if not matches(shown, out.getvalue()):
+        raise BlockFailed(f"line {line} shows `# -> {shown}` but it printed {out.getvalue()!r}")
 
 
 def _expect(value: Any, shown: str, line: int) -> None:
@@ -80,11 +94,14 @@ def with_value_checks(source: str, first_line: int = 0) -> str:
         line = first_line + comment_line
         if isinstance(node, ast.Expr):
             target = node.value
+            printed = isinstance(target, ast.Call) and isinstance(target.func, ast.Name) \
+                and target.func.id == "print"
             row, col = target.end_lineno - 1, target.end_col_offset  # type: ignore[operator]
             lines[row] = (lines[row][:col] + f"), {shown!r}, {line})".encode()
                           + lines[row][col:])
             row, col = target.lineno - 1, target.col_offset
-            lines[row] = lines[row][:col] + b"__docs_expect__((" + lines[row][col:]
+            opening = b"__docs_expect_printed__(lambda: (" if printed else b"__docs_expect__(("
+            lines[row] = lines[row][:col] + opening + lines[row][col:]
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name):
             row, col = node.end_lineno - 1, node.end_col_offset  # type: ignore[operator]
@@ -111,7 +128,8 @@ def run_python(block: Block, names: dict[str, Any], scratch: Path) -> dict[str, 
         example=example, python_file=python_file, loader=None,
         config=ExamplesConfig(line_length=100), enable_print_mock=check_prints,
         print_callback=None, include_print=None,
-        module_globals={**names, "__docs_expect__": _expect}, call=None)
+        module_globals={**names, "__docs_expect__": _expect,
+                        "__docs_expect_printed__": _expect_printed}, call=None)
     if check_prints:
         expected = insert_print.updated_print_statements(example)
         if expected is not None:
@@ -136,7 +154,7 @@ def run_pycon(block: Block, names: dict[str, Any]) -> None:
 def _bash(script: str, log: Path) -> tuple[int, str]:
     # Output goes to a file, not a pipe: a server a block starts with `&` keeps a pipe open.
     with log.open("w+", encoding="utf-8", errors="replace") as out:
-        rc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script],
+        rc = subprocess.run(["bash", "-e", "-c", script],
                             stdin=subprocess.DEVNULL, stdout=out,
                             stderr=subprocess.STDOUT).returncode
         out.seek(0)

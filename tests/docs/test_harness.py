@@ -98,6 +98,7 @@ def test_console_commands_and_their_shown_output() -> None:
      "exited 1"),
     ("```console\n$ echo hi\nho\n```\n", "page.md:3: the console block"),
     ("```python\nraise KeyError('gone')\n```\n", "KeyError: 'gone'"),
+    ("```python\nprint(2)\n# -> 3\n```\n", "line 5 shows `# -> 3` but it printed '2\\n'"),
     ("```python\nprint(1)\n#> 2\n```\n", "what its print calls printed is not what its #> "),
 ])
 def test_a_failing_block_is_named_by_page_and_line(tmp_path: Path, block: str, why: str) -> None:
@@ -120,6 +121,10 @@ print(1 + 1)
 #> 2
 ```
 
+```python
+print([1, 2])  # -> [1, 2]
+```
+
 ```pycon
 >>> import sys
 >>> sys.modules["__main__"].Net is Net, os.listdir(home), "REGISTRY_URI" in os.environ
@@ -133,4 +138,4 @@ clean
 ''')
     run = run_page(page)
     assert run.failure is None, run.failure
-    assert run.ran == [1, 11, 17]
+    assert run.ran == [1, 11, 15, 21]
