@@ -1,10 +1,18 @@
 """Parsing JSON that comes from outside the process (a model folder, a store object, a memo file,
-a server's answer, a shard header) with a bound on its nesting.
+a server's answer, a shard header) with a bound on its size and its nesting.
 
 ``json.loads`` recurses once per level: 100,000 nested brackets raise ``RecursionError``, which
 no caller expects. :func:`loads` refuses JSON nested deeper than :data:`MAX_DEPTH` with a
-``ValueError`` (what every caller already turns into its typed error), before parsing it. Bytes
-are strict UTF-8 (no other encoding is guessed; a BOM is not JSON).
+``ValueError`` (what every caller already turns into its typed error), before parsing it, and
+JSON longer than ``max_bytes`` before reading a character of it. Bytes are strict UTF-8 (no other
+encoding is guessed; a BOM is not JSON).
+
+Every step is linear in the input, whatever it holds. The depth scan drops strings with one
+pattern that cannot backtrack: from a ``"`` it always matches (to the closing quote, or to the end
+of an unterminated string), with possessive loops over disjoint alternatives, so each character
+is looked at once; the bracket pass then peels at most ``max_depth`` levels, each a C-speed
+``bytes.replace``. (The pattern this replaces failed on an unterminated string of escaped quotes
+and was retried from every quote inside it: quadratic, holding the GIL.)
 """
 
 from __future__ import annotations
@@ -15,7 +23,10 @@ from typing import Any
 
 MAX_DEPTH = 64
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+# A JSON string from its opening quote: to its closing quote, or (unterminated) to the end.
+# ``*+`` is possessive: having matched, the loop never gives characters back, and since the tail
+# matches whatever follows the loop, a match attempt starting at a quote never fails.
+STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
@@ -23,14 +34,22 @@ class TooDeepError(ValueError):
     """JSON nested deeper than the bound."""
 
 
+class TooLargeError(ValueError):
+    """JSON longer than the bound."""
+
+
 def loads(data: str | bytes | bytearray, *, max_depth: int | None = MAX_DEPTH,
-          **options: Any) -> Any:
+          max_bytes: int | None = None, **options: Any) -> Any:
     """``json.loads(data, **options)``, refused (:class:`TooDeepError`) when nested deeper than
-    ``max_depth``; bytes that are not UTF-8 raise ``UnicodeDecodeError`` (a ValueError).
+    ``max_depth`` and (:class:`TooLargeError`) when longer than ``max_bytes`` (bytes, or
+    characters of a ``str``); bytes that are not UTF-8 raise ``UnicodeDecodeError`` (a
+    ValueError).
 
     ``max_depth=None`` skips the scan (it costs about what parsing does) and bounds the depth by
     the interpreter's recursion limit only: for JSON whose schema is checked right after and
     admits no depth (a shard header, read on every pull)."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise TooLargeError(f"JSON of {len(data)} bytes, over the {max_bytes}-byte limit")
     text = data if isinstance(data, str) else bytes(data).decode("utf-8")
     if max_depth is not None:
         check_depth(text, max_depth)
@@ -42,10 +61,11 @@ def loads(data: str | bytes | bytearray, *, max_depth: int | None = MAX_DEPTH,
 
 
 def check_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
-    """Refuse ``text`` if its brackets (outside strings) nest deeper than ``max_depth``."""
+    """Refuse ``text`` if its brackets (outside strings) nest deeper than ``max_depth``; linear
+    in ``len(text)`` (at most ``max_depth`` passes over the brackets alone)."""
     if text.count("[") + text.count("{") <= max_depth:
         return  # too few brackets to nest that deep
-    brackets = _STRING.sub("", text).encode("utf-8", "replace").translate(None, _NOT_BRACKETS)
+    brackets = STRING.sub("", text).encode("utf-8", "replace").translate(None, _NOT_BRACKETS)
     for _ in range(max_depth):  # each pass removes the innermost level
         if not brackets:
             return

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from .errors import SettingsError
+from .headers import why_not_header_value
 
 VerifyMode = Literal["off", "if-signed", "require"]
 VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
@@ -213,7 +214,7 @@ class Settings:
             s3_endpoint_url=env.get("REGISTRY_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")
             or None,
             uri=env.get("REGISTRY_URI") or None,
-            token=env.get("REGISTRY_TOKEN") or None,
+            token=_token(env.get("REGISTRY_TOKEN") or None, "REGISTRY_TOKEN"),
             auth_file=Path(auth_raw).expanduser().absolute() if auth_raw else None,
             auth_file_named=auth_raw is not None,
             mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
@@ -425,8 +426,20 @@ def parse_oci_auth(raw: str, variable: str) -> tuple[OciCredential, ...]:
                 or (token is None and (not user or password is None)):
             raise SettingsError(f"{variable}[{host!r}] needs string 'username' and 'password', "
                                 "'auth' (base64 of 'username:password') or 'token'")
+        if token is not None:
+            _token(token, f"{variable}[{host!r}].token")
         out.append(OciCredential(host.lower(), user, password, token))
     return tuple(out)
+
+
+def _token(raw: str | None, variable: str) -> str | None:
+    """A token sent as a header value: CR, LF or another control character refused here, by
+    name, rather than by httpx deep inside a request (the value is never echoed)."""
+    why = None if raw is None else why_not_header_value(raw)
+    if why is not None:
+        raise SettingsError(f"{variable} cannot be sent as a bearer token: {why}; set it to the "
+                            "token alone")
+    return raw
 
 
 def _ca_bundle(raw: str) -> Path:

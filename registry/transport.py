@@ -27,9 +27,11 @@ from .errors import (
     RefError,
     RegistryError,
     ServerUnavailableError,
+    SettingsError,
     StoreUnavailableError,
     quoted,
 )
+from .headers import why_not_header_value
 from .wire import API, error_class
 
 if TYPE_CHECKING:
@@ -38,6 +40,10 @@ if TYPE_CHECKING:
 CHUNK = 1024 * 1024
 DOWNLOAD_ATTEMPTS = 3
 MAX_MESSAGE = 2000
+# The largest JSON answer read from a server (a listing of many versions, a manifest with its
+# signatures), and the largest error body: a hostile server cannot make the client hold more.
+MAX_ANSWER = 64 * 2**20
+MAX_ERROR_ANSWER = 1 * 2**20
 
 
 class Transport:
@@ -63,6 +69,10 @@ class Transport:
             import httpx
 
             headers = {"User-Agent": "registry-client"}
+            why = None if not self._token else why_not_header_value(self._token)
+            if why is not None:  # Settings checks REGISTRY_TOKEN; a token passed in code too
+                raise SettingsError(f"the token for {self.url} cannot be sent as a bearer "
+                                    f"token: {why}")
             if self._token:
                 headers["Authorization"] = f"Bearer {self._token}"
             self._http = httpx.Client(base_url=self.url, headers=headers,
@@ -87,8 +97,18 @@ class Transport:
         the RegistryError the server's error body names."""
         import httpx
 
-        try:
-            response = self.client().request(method, API + path, **kwargs)
+        try:  # the body read with its cap applied while reading, never whole first
+            with self.client().stream(method, API + path, **kwargs) as streamed:
+                limit = MAX_ANSWER if streamed.status_code < 400 else MAX_ERROR_ANSWER
+                body = bytearray()
+                for piece in streamed.iter_bytes(CHUNK):
+                    body += piece
+                    if len(body) > limit:
+                        raise RegistryError(
+                            f"registry server {self.url} answered {method} {path} with more "
+                            f"than {limit} bytes (HTTP {streamed.status_code}); it was not read;"
+                            " is REGISTRY_URI a registry server?")
+            response = httpx.Response(streamed.status_code, content=bytes(body))
         except httpx.TransportError as exc:
             raise ServerUnavailableError(
                 f"registry server {self.url} is unreachable ({type(exc).__name__}: {exc}); "
@@ -98,7 +118,7 @@ class Transport:
         if response.status_code == 204 or not response.content:
             return None
         try:
-            return boundedjson.loads(response.content)
+            return boundedjson.loads(response.content, max_bytes=MAX_ANSWER)
         except ValueError:
             raise RegistryError(f"registry server {self.url} answered {method} {path} with "
                                 f"something that is not JSON (HTTP {response.status_code}); is "
@@ -206,7 +226,7 @@ def raise_for_error(response: Any, base: str) -> None:
     if response.status_code < 400:
         return
     try:
-        error = boundedjson.loads(response.content)["error"]
+        error = boundedjson.loads(response.content, max_bytes=MAX_ERROR_ANSWER)["error"]
         code, message = str(error["code"])[:64], str(error["message"])
     except (ValueError, KeyError, TypeError):
         if response.status_code >= 500:

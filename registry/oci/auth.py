@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import boundedjson
-from ..errors import ForbiddenError, OciUnavailableError, UnauthorizedError, quoted
+from ..errors import (
+    ForbiddenError,
+    OciUnavailableError,
+    SettingsError,
+    UnauthorizedError,
+    quoted,
+)
+from ..headers import why_not_header_value
 from ..settings import OciCredential, parse_oci_auth
 
 _PARAM_RE = re.compile(r'([A-Za-z_]+)="([^"]*)"')
@@ -44,6 +51,10 @@ def credential_for(host: str, configured: tuple[OciCredential, ...] | None,
         if name != host or not isinstance(entry, dict):
             continue
         if isinstance(entry.get("identitytoken"), str):
+            why = why_not_header_value(entry["identitytoken"])
+            if why is not None:
+                raise SettingsError(f"{docker_config}: the identitytoken of {host} cannot be "
+                                    f"sent as a bearer token ({why}); log in again")
             return OciCredential(host, token=entry["identitytoken"])
         if "auth" in entry:
             try:
@@ -134,13 +145,17 @@ class Authenticator:
             raise self.refused(answer.status_code, "its token service refused the "
                                                     "credentials")
         try:
-            body = boundedjson.loads(answer.content[:MAX_TOKEN_ANSWER])
+            body = boundedjson.loads(answer.content, max_bytes=MAX_TOKEN_ANSWER)
             token = body.get("token") or body.get("access_token")
         except (ValueError, AttributeError):
             token = None
         if answer.status_code != 200 or not isinstance(token, str) or not token:
             raise OciUnavailableError(f"the token service of {self.host} answered "
                                       f"{answer.status_code} without a token")
+        why = why_not_header_value(token)
+        if why is not None:  # CR/LF would split a header, or make http.client raise raw
+            raise OciUnavailableError(f"the token service of {self.host} answered a token that "
+                                      f"cannot be sent as a header ({why}); it was not used")
         found = {"Authorization": f"Bearer {token}"}
         with self._lock:
             self._headers[scope] = found

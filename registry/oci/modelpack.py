@@ -37,6 +37,7 @@ CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
 CONFIG_TYPES = (CONFIG_TYPE, "application/vnd.cnai.model.config.v1+json")
 WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
 WEIGHT_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+MAX_MANIFEST_BYTES = 4 * 2**20  # what the distribution registry itself accepts
 DOC = "application/vnd.cncf.model.doc.v1.raw"
 CODE = "application/vnd.cncf.model.code.v1.raw"
 DATASET = "application/vnd.cncf.model.dataset.v1.raw"
@@ -180,9 +181,10 @@ def read(body: bytes, media_type: str, *, origin: str, max_bytes: int) -> Artifa
     with a safe, unique file path and a size at most ``max_bytes`` (all of them together too);
     else :class:`OciArtifactError` naming what it is instead."""
     try:
-        doc = boundedjson.loads(body)
-    except ValueError:
-        raise OciArtifactError(f"{origin} is not a JSON manifest") from None
+        doc = boundedjson.loads(body, max_bytes=MAX_MANIFEST_BYTES)
+    except ValueError as exc:
+        raise OciArtifactError(f"{origin} is not a JSON manifest of at most "
+                               f"{MAX_MANIFEST_BYTES} bytes ({exc})") from None
     if not isinstance(doc, dict):
         raise OciArtifactError(f"{origin} is not a JSON manifest object")
     kind = doc.get("mediaType") or media_type

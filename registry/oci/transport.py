@@ -22,7 +22,7 @@ import httpx
 
 from ..errors import NotFoundError, OciUnavailableError, quoted
 from ..settings import OciCredential
-from .auth import Authenticator
+from .auth import MAX_TOKEN_ANSWER, Authenticator
 from .refs import OciRef, check_url
 
 # One PATCH of a chunked upload, streamed from the file (never held in memory); a blob no larger
@@ -74,9 +74,21 @@ class OciClient:
 
     def _token_request(self, realm: str, params: dict[str, str],
                        headers: dict[str, str]) -> httpx.Response:
+        """The token service's answer, its body read with the cap applied while reading (a
+        realm streaming 256 MiB is cut off after :data:`~.auth.MAX_TOKEN_ANSWER` bytes)."""
         check_url(realm, self.ref, what="token realm")
         try:
-            return self._http.get(realm, params=params, headers=headers)
+            # Raw bytes, asked for uncompressed: a compressed answer is not decoded (no bomb).
+            with self._http.stream("GET", realm, params=params,
+                                   headers={**headers, "Accept-Encoding": "identity"}) as answer:
+                body = bytearray()
+                for piece in answer.iter_raw(READ_BYTES):
+                    body += piece
+                    if len(body) > MAX_TOKEN_ANSWER:
+                        raise OciUnavailableError(
+                            f"the token service {quoted(realm, 120)} of {self.ref.host} "
+                            f"answered more than {MAX_TOKEN_ANSWER} bytes; it was not read")
+                return httpx.Response(answer.status_code, content=bytes(body))
         except httpx.HTTPError as exc:
             raise OciUnavailableError(f"the token service {quoted(realm, 120)} of "
                                       f"{self.ref.host} cannot be reached: {exc}") from None

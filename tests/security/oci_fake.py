@@ -12,12 +12,14 @@ import hashlib
 import json
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Answer = tuple[int, dict[str, str], bytes]
+# A body is bytes, or an iterator of pieces sent as they come (no Content-Length, the end marked
+# by closing the connection): a body that never ends, or trickles.
+Answer = tuple[int, dict[str, str], "bytes | Iterator[bytes]"]
 BLOB_TYPE = "application/octet-stream"
 
 
@@ -36,6 +38,7 @@ class FakeOci:
     # False: blobs are sent without Content-Length, their end marked by closing the connection
     blob_length: bool = True
     uploads: dict[str, bytearray] = field(default_factory=dict)
+    streamed: int = 0  # bytes of iterator bodies the client took before it hung up
     server: Any = None
 
     @property
@@ -65,7 +68,10 @@ class FakeOci:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-            def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
+            def _answer(self, status: int, headers: dict[str, str],
+                        body: bytes | Iterator[bytes]) -> None:
+                if not isinstance(body, bytes):
+                    return self._stream(status, headers, body)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -74,6 +80,21 @@ class FakeOci:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(body)
+
+            def _stream(self, status: int, headers: dict[str, str],
+                        pieces: Iterator[bytes]) -> None:
+                self.close_connection = True
+                self.send_response(status)
+                for k, v in {**headers, "Connection": "close"}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    for piece in pieces:
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                        fake.streamed += len(piece)
+                except OSError:
+                    pass  # the client hung up: what it took is counted
 
             def _handle(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
