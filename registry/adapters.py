@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import attachments, loracopies, peftreplay, prefault, quantized, safewrite
+from . import adapterpatterns, attachments, loracopies, peftreplay, prefault, quantized, safewrite
 from .devices import DtypeRequest, parse_dtype
 from .digests import version_digest
 from .errors import (
@@ -54,8 +54,6 @@ _IGNORED = frozenset({"peft_type", "peft_version", "base_model_name_or_path", "r
                       "inference_mode", "megatron_core", "qalora_group_size"})
 _TASK_TYPES = frozenset({None, "CAUSAL_LM", "SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS",
                          "QUESTION_ANS", "FEATURE_EXTRACTION"})
-_MAX_PATTERN = 256
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_.]{1,256}")
 
 
 def is_adapter(model: object) -> bool:
@@ -167,12 +165,14 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
     recorded once and replayed (peftreplay.py); None: PEFT attaches each time."""
     origin = f"{record.name}:v{record.version}"
     spec = check(record.manifest["adapter"], origin)
+    lora_modules = check_tensors(spec, record.manifest["tensors"], origin)
     try:
         base = resolve(Ref(spec["base"]["name"], digest=spec["base"]["digest"]))
     except NotFoundError:
         raise BaseNotFoundError(
             f"the base of {origin} ({spec['base']['name']}@{spec['base']['digest']}) is not "
             "stored: push that base model again, then pull the adapter") from None
+    check_modules(lora_modules, base.manifest["tensors"], origin)  # before the base is built
     scheme = base.manifest.get("quantization")
     if merge and scheme is not None and not floats:
         # Folding the adapter into quantized weights would quantize them again with a config
@@ -191,6 +191,70 @@ def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], 
         return attach(module, read(target), spec, origin, merge=merge, replay=replay)
 
 
+# PEFT's state-dict keys: the module path under this prefix, then the LoRA part.
+_PEFT_PREFIX = "base_model.model."
+_LORA_KEY = re.compile(r"(?P<path>.+)\.lora_(?:embedding_)?(?P<part>[AB])(?:\.weight)?")
+MAX_RANK = 2**16
+
+
+def check_tensors(record: Mapping[str, Any], tensors: Mapping[str, Any],
+                  origin: str) -> dict[str, int]:
+    """Check an adapter record's ranks against its stored tensors (their manifest shapes)
+    before anything is built: ``r`` and every ``rank_pattern`` value a positive integer no
+    larger than the tensors' largest dimension, and each LoRA module's A and B tensors of the
+    rank the config gives that module. The modules' ranks, by module path."""
+    config = record["config"]
+    sizes = [int(d) for spec in tensors.values() for d in spec["shape"]]
+    bound = min(max(sizes, default=0), MAX_RANK)
+    ranks = {"r": config.get("r", 8),
+             **{f"rank_pattern[{k!r}]": v for k, v in (config.get("rank_pattern") or {}).items()}}
+    for field, value in ranks.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= bound:
+            raise AdapterError(f"{origin}: its adapter config sets {field} to {quoted(value)}, "
+                               f"not a rank its stored tensors hold (a whole number from 1 to "
+                               f"{bound}); it was not used")
+    found: dict[str, int] = {}
+    for key, spec in tensors.items():
+        parsed = _LORA_KEY.fullmatch(key)
+        shape = spec["shape"]
+        if parsed is None or len(shape) < 2:
+            continue
+        path = parsed["path"].removeprefix(_PEFT_PREFIX)
+        rank = int(shape[0] if parsed["part"] == "A" else shape[1])
+        expected = _rank_of(path, config, origin)
+        if rank != expected or found.setdefault(path, rank) != rank:
+            raise AdapterError(f"{origin}: its stored tensor {quoted(key, 120)} has rank {rank} "
+                               f"(shape {shape}) but its config gives module {quoted(path, 120)} "
+                               f"rank {expected}; the record and its tensors disagree, it was "
+                               "not used")
+    if not found:
+        raise AdapterError(f"{origin}: it stores no LoRA tensors (lora_A / lora_B); it was not "
+                           "used")
+    return found
+
+
+def _rank_of(path: str, config: Mapping[str, Any], origin: str) -> int:
+    """The rank PEFT gives module ``path``: the first ``rank_pattern`` key matching it, else
+    ``r`` (matched by RE2, as PEFT would with re)."""
+    for key, value in (config.get("rank_pattern") or {}).items():
+        if adapterpatterns.selected(key, [path], "rank_pattern key", origin, suffix=True):
+            return int(value)
+    return int(config.get("r", 8))
+
+
+def check_modules(lora: Iterable[str], base_tensors: Mapping[str, Any], origin: str) -> None:
+    """Every module an adapter's tensors attach to is a module of the base (by the base's
+    stored tensor names), checked before the base is built."""
+    modules = {k.rpartition(".")[0] for k in base_tensors}
+    prefixes = {".".join(parts[:i]) for m in modules for parts in [m.split(".")]
+                for i in range(1, len(parts) + 1)}
+    missing = sorted(p for p in lora if p not in prefixes)
+    if missing:
+        raise AdapterError(f"{origin}: its tensors attach to modules its base does not have "
+                           f"({quoted(missing[:3], 160)}); push the adapter with the base it "
+                           "was trained on (base='NAME:vN')")
+
+
 def base_entry(record: Any) -> dict[str, Any]:
     return {"name": record.name, "version": record.version, "digest": record.digest}
 
@@ -200,8 +264,8 @@ def check_targets(record: Mapping[str, Any], modules: Iterable[str], origin: str
     config = _lora_config(record, origin)
     modules = set(modules)
     targets = config.target_modules
-    if isinstance(targets, str):
-        found = any(re.fullmatch(targets, m) for m in modules)
+    if isinstance(targets, str):  # RE2: linear in each path, whatever the record's pattern
+        found = bool(adapterpatterns.selected(targets, modules, "target_modules", origin))
         shown = targets
     else:
         names = set(targets or ())
@@ -220,7 +284,8 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     ``replay``: the key under which PEFT's attach is recorded and replayed (peftreplay.py)."""
     import peft
 
-    check_targets(record, (name for name, _ in base.named_modules()), origin)  # config checked
+    paths = [name for name, _ in base.named_modules()]
+    check_targets(record, paths, origin)  # config checked
 
     # LoRA layers are created on meta with their init skipped (metaparams.empty_parameters):
     # the stored tensors replace them all (in their stored dtype, or as PEFT's load casts them),
@@ -228,7 +293,7 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull). PEFT builds one
     # LoRA layer of each kind and the others are copies of it (loracopies.py).
     def inject(module: nn.Module) -> nn.Module:  # PEFT's attach, where it is not replayed
-        config = _lora_config(record, origin)
+        config = _lora_config(record, origin, modules=paths)  # no record pattern reaches PEFT
         with empty_parameters(), loracopies.copying():
             injected: nn.Module = peft.get_peft_model(module, config, low_cpu_mem_usage=True,
                                                       autocast_adapter_dtype=False)
@@ -310,6 +375,7 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
     base: ``adapter_config.json`` and ``adapter_model.safetensors`` (keys as PEFT saves them),
     its floats cast to ``dtype`` where one is given ("auto": as stored)."""
     record = check(manifest["adapter"], origin)
+    check_tensors(record, manifest["tensors"], origin)
     requested = parse_dtype(dtype)
 
     def dtype_for(_key: str, stored: torch.dtype, _device: torch.device) -> torch.dtype:
@@ -332,7 +398,11 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
     return root
 
 
-def _lora_config(record: Mapping[str, Any], origin: str) -> Any:
+def _lora_config(record: Mapping[str, Any], origin: str, *,
+                 modules: Iterable[str] | None = None) -> Any:
+    """The record's config as a ``LoraConfig``, every field checked; with ``modules`` (the
+    base's module paths) its patterns replaced by the literal paths they select there, which is
+    what PEFT is given (adapterpatterns.py)."""
     import peft
 
     config = record.get("config")
@@ -347,14 +417,12 @@ def _lora_config(record: Mapping[str, Any], origin: str) -> Any:
                                f"{quoted(value, 80)}, which this registry does not load (only "
                                f"{', '.join(sorted(_FIELDS))})")
     targets = kept.get("target_modules")
-    if isinstance(targets, str):
-        if len(targets) > _MAX_PATTERN:
-            raise AdapterError(f"{origin}: its target_modules pattern is longer than "
-                               f"{_MAX_PATTERN} characters")
-    elif not isinstance(targets, list) or not targets \
-            or not all(isinstance(t, str) and _MODULE_NAME.fullmatch(t) for t in targets):
+    if not isinstance(targets, str) and (not isinstance(targets, list) or not targets):
         raise AdapterError(f"{origin}: its target_modules {quoted(targets, 80)} is not a list "
                            "of module names")
+    adapterpatterns.check(kept, origin)
+    if modules is not None:
+        kept = adapterpatterns.literal_config(kept, modules, origin)
     if kept.get("task_type") not in _TASK_TYPES:
         raise AdapterError(f"{origin}: its task_type {quoted(kept.get('task_type'))} is unknown")
     if not isinstance(kept.get("init_lora_weights", True), bool):
