@@ -406,5 +406,38 @@ def scheme_of(manifest: Mapping[str, Any], origin: str) -> Plain:
         return Plain()
     if problem := check(record):
         raise QuantizationError(f"{origin}: its quantization record {problem}; it was not used")
+    if record["library"] == TORCH_AO:
+        _check_dynamic_tensors(record["modules"], manifest.get("tensors", {}), origin)
     kind = ctensors.Packed if record["library"] == COMPRESSED_TENSORS else Scheme
     return kind(record, METHODS[(record["library"], record["method"])], origin)
+
+
+def _check_dynamic_tensors(modules: list[dict[str, Any]], tensors: Mapping[str, Any],
+                           origin: str) -> None:
+    """Each torch.ao module a record lists against the stored tensors (their manifest specs),
+    before a module is built: its components stored, of the shapes and dtype its entry gives,
+    each module listed once."""
+    seen: set[str] = set()
+    for m in modules:
+        p = m["path"]
+        shape = [m["out_features"], m["in_features"]]
+        scale = [shape[m.get("axis", 0)]] if m["qscheme"] == "per_channel_affine" else []
+        want = {f"{p}.weight_qdata": (shape, "int8"), f"{p}.weight_scale": (scale, None),
+                f"{p}.weight_zero_point": (scale, None)}
+        if m["bias"]:
+            want[f"{p}.bias"] = ([shape[0]], None)
+        problems = [f"{k} is not stored" if k not in tensors else
+                    f"{k} is {tensors[k]['dtype']} {tensors[k]['shape']}"
+                    for k, (dims, dtype) in want.items()
+                    if k not in tensors or list(tensors[k]["shape"]) != dims
+                    or (dtype is not None and tensors[k]["dtype"] != dtype)]
+        if not m["bias"] and f"{p}.bias" in tensors:
+            problems.append(f"{p}.bias is stored but its entry says no bias")
+        if p in seen:
+            problems.append(f"{p!r} is listed twice")
+        seen.add(p)
+        if problems:
+            raise QuantizationError(
+                f"{origin}: its torch.ao record lists module {quoted(p, 120)} "
+                f"({m['qscheme']}, {shape[1]} -> {shape[0]}), which its stored tensors "
+                f"do not hold ({'; '.join(problems[:3])}); push the model again")

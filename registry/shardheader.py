@@ -17,6 +17,8 @@ import torch
 from . import boundedjson
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
+MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
+MAX_ELEMENTS = 2**63 // 16 - 1  # strides and byte sizes in int64 for any itemsize up to 16
 
 # ({key: (dtype, shape, begin, end)}, data start, file size)
 Parsed = tuple[dict[str, tuple[torch.dtype, list[int], int, int]], int, int]
@@ -50,15 +52,20 @@ def parse_header(fh: BinaryIO, dtypes: Mapping[str, torch.dtype]) -> Parsed | No
             code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         except (TypeError, KeyError, ValueError):
             raise ValueError(f"tensor {key!r} lacks dtype, shape or data_offsets") from None
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+        if not (isinstance(shape, list) and len(shape) <= MAX_DIMS
+                and all(type(d) is int and d >= 0 for d in shape)
                 and type(begin) is int and type(end) is int and 0 <= begin <= end):
             raise ValueError(f"tensor {key!r} has a malformed shape or offsets")
+        numel = span = 1
+        for d in shape:
+            numel *= d
+            span *= max(d, 1)  # what strides multiply: a zero dimension does not bound them
+        if span > MAX_ELEMENTS:  # torch would raise "Stride calculation overflowed"
+            raise ValueError(f"tensor {key!r} has shape {str(shape)[:120]}, whose dimensions "
+                             "multiply past 2**63 (a zero dimension included)")
         dtype = dtypes.get(code) if isinstance(code, str) else None
         if dtype is None:
             return None
-        numel = 1
-        for d in shape:
-            numel *= d
         if numel * dtype.itemsize != end - begin:
             raise ValueError(f"tensor {key!r}: {end - begin} bytes for {code} {shape}")
         entries[key] = (dtype, shape, begin, end)
