@@ -76,6 +76,15 @@ DEFAULT_S3_PART_SIZE = 16 * 2**20
 MIN_S3_PART_SIZE = 5 * 2**20
 DEFAULT_S3_CONCURRENCY = 8
 MAX_S3_CONCURRENCY = 128
+# OCI tar layers (registry/oci/unpack.py): a layer may expand to this many times its size
+# (model weights barely compress; text does 5-10x; a gzip bomb of zeros 1000x), and never past
+# the absolute cap.
+DEFAULT_OCI_MAX_EXPANSION = 100
+DEFAULT_OCI_MAX_UNPACKED = 256 * 2**30
+# An OCI blob download must finish within the grace plus its size at this rate: a registry
+# trickling a byte every few seconds (under every per-read timeout) cannot hold a pull forever.
+DEFAULT_OCI_MIN_RATE = 64 * 2**10
+DEFAULT_OCI_BLOB_GRACE = timedelta(seconds=60)
 _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
 _TRUE = {"1", "true", "yes", "on"}
@@ -121,6 +130,11 @@ class Settings:
     # OCI registries (registry/oci): credentials by host, and a CA bundle for their TLS.
     oci_auth: tuple[OciCredential, ...] | None = None
     oci_ca_bundle: Path | None = None
+    # What a tar layer may expand to, and the slowest an OCI blob download may be.
+    oci_max_expansion: int = DEFAULT_OCI_MAX_EXPANSION
+    oci_max_unpacked: int = DEFAULT_OCI_MAX_UNPACKED
+    oci_min_rate: int = DEFAULT_OCI_MIN_RATE
+    oci_blob_grace: timedelta = DEFAULT_OCI_BLOB_GRACE
     # The docker config file read for OCI credentials when REGISTRY_OCI_AUTH is unset.
     docker_config: Path | None = None
     # Signatures (registry/signing): what a pull demands, and whom it trusts.
@@ -234,6 +248,18 @@ class Settings:
             oci_auth=parse_oci_auth(oci_auth_raw, "REGISTRY_OCI_AUTH")
             if oci_auth_raw else None,
             oci_ca_bundle=_ca_bundle(ca_raw) if ca_raw else None,
+            oci_max_expansion=_bounded_int(env["REGISTRY_OCI_MAX_EXPANSION"],
+                                           "REGISTRY_OCI_MAX_EXPANSION", 10**6)
+            if env.get("REGISTRY_OCI_MAX_EXPANSION") else DEFAULT_OCI_MAX_EXPANSION,
+            oci_max_unpacked=parse_size(env["REGISTRY_OCI_MAX_UNPACKED"],
+                                        "REGISTRY_OCI_MAX_UNPACKED", minimum=1)
+            if env.get("REGISTRY_OCI_MAX_UNPACKED") else DEFAULT_OCI_MAX_UNPACKED,
+            oci_min_rate=parse_size(env["REGISTRY_OCI_MIN_RATE"], "REGISTRY_OCI_MIN_RATE",
+                                    minimum=1)
+            if env.get("REGISTRY_OCI_MIN_RATE") else DEFAULT_OCI_MIN_RATE,
+            oci_blob_grace=parse_duration(env["REGISTRY_OCI_BLOB_GRACE"],
+                                          "REGISTRY_OCI_BLOB_GRACE")
+            if env.get("REGISTRY_OCI_BLOB_GRACE") else DEFAULT_OCI_BLOB_GRACE,
             docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser()
             / "config.json",
             verify=_verify_mode(env.get("REGISTRY_VERIFY")),

@@ -33,6 +33,7 @@ from .push import MountMemo, push_version
 from .refs import parse_oci_ref
 from .results import OciPush
 from .transport import OciClient
+from .unpack import Expansion
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def connect(target: str, settings: Settings, *, plain_http: bool = False) -> Oci
     ref = parse_oci_ref(target, plain_http=plain_http)
     return OciClient(ref, credential=credential_for(ref.host, settings.oci_auth,
                                                     settings.docker_config),
-                     ca_bundle=settings.oci_ca_bundle)
+                     ca_bundle=settings.oci_ca_bundle, min_rate=settings.oci_min_rate,
+                     grace=settings.oci_blob_grace.total_seconds())
 
 
 def pinned(source: str, settings: Settings, *, plain_http: bool = False) -> str:
@@ -159,7 +161,9 @@ def _import(artifact: Artifact, layers: LayerFetcher, client: OciClient, name: s
     if record is None:
         layers.prefetch(artifact.layers)
         directory = foreign.checkout(artifact, layers, settings.cache_dir / "oci" / "checkouts",
-                                     origin=origin, budget=free_bytes(settings.cache_dir))
+                                     origin=origin, budget=free_bytes(settings.cache_dir),
+                                     expansion=Expansion(settings.oci_max_expansion,
+                                                         settings.oci_max_unpacked))
         try:
             return push_directory(directory,
                                   name or client.ref.repository.rsplit("/", 1)[-1])

@@ -35,13 +35,13 @@ from ..signing.push import check_source
 from ..weights import write_shards
 from . import modelpack
 from .pull import LayerFetcher
-from .unpack import Budget, place, unpack
+from .unpack import Budget, Expansion, claim, place, unpack
 
 FALLBACK_NAME = "oci-model"
 
 
 def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, origin: str,
-             budget: int) -> Path:
+             budget: int, expansion: Expansion) -> Path:
     """A new directory under ``root`` holding the artifact's files: each raw layer at its file
     path, each tar layer unpacked. It must hold safetensors weights from a weight layer."""
     root.mkdir(parents=True, exist_ok=True)
@@ -57,13 +57,10 @@ def checkout(artifact: modelpack.Artifact, layers: LayerFetcher, root: Path, *, 
             with layers.open(layer.digest, layer.size) as fh:
                 if modelpack.is_tar(layer.media_type):
                     names = unpack(fh, layer.media_type, target, what=what, claimed=claimed,
-                                   budget=left)
+                                   budget=left, limit=expansion.allowed(layer.size))
                 else:
-                    if layer.filepath in claimed:
-                        raise OciArtifactError(f"{what}: another layer wrote {layer.filepath!r};"
-                                               " the artifact was not used")
+                    claim(layer.filepath, claimed, what)
                     place(fh, target / layer.filepath)  # filepath passed check_file_name
-                    claimed.add(layer.filepath)
                     names = [layer.filepath]
             if layer.media_type.startswith(modelpack.WEIGHT.removesuffix(".raw") + "."):
                 weights += [n for n in names if n.endswith(".safetensors") and "/" not in n]
@@ -91,7 +88,8 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
         return _record(held)
     layers.prefetch(artifact.layers)
     directory = checkout(artifact, layers, cache_root / "oci" / "checkouts", origin=origin,
-                         budget=budget)
+                         budget=budget, expansion=Expansion(settings.oci_max_expansion,
+                                                            settings.oci_max_unpacked))
     staged: list[StagedFile] = []
     try:
         weights = normalize(directory)

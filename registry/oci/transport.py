@@ -12,6 +12,7 @@ import functools
 import hashlib
 import http.client
 import ssl
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,8 +47,12 @@ class OciClient:
     """One registry host and repository; thread-safe for parallel blob transfers."""
 
     def __init__(self, ref: OciRef, *, credential: OciCredential | None = None,
-                 ca_bundle: Path | None = None, timeout: float = 60.0) -> None:
+                 ca_bundle: Path | None = None, timeout: float = 60.0,
+                 min_rate: int = 64 * 2**10, grace: float = 60.0) -> None:
         self.ref = ref
+        # A blob download's deadline: grace + size / min_rate seconds (REGISTRY_OCI_MIN_RATE,
+        # REGISTRY_OCI_BLOB_GRACE), over the per-read timeout a trickle stays under.
+        self._min_rate, self._grace = min_rate, grace
         self._tls, self._timeout = _tls_context(ca_bundle), timeout
         self._http = httpx.Client(verify=self._tls, follow_redirects=False,
                                   trust_env=False,
@@ -248,6 +253,8 @@ class OciClient:
         sha = hashlib.sha256()
         view = memoryview(bytearray(READ_BYTES))
         written = 0
+        allowed = self._grace + size / self._min_rate
+        deadline = time.monotonic() + allowed
         with self._body("GET", self.url(f"blobs/{digest}"), self.scope("pull")) as response, \
                 open(dest, "wb", buffering=0) as out:
             if response.length is not None and response.length > size:
@@ -261,6 +268,12 @@ class OciClient:
                         f"{written} bytes: {exc}") from None
                 if not n:
                     break
+                if time.monotonic() > deadline:
+                    raise OciUnavailableError(
+                        f"the download of layer {digest} from {self.ref.host} took more than "
+                        f"{allowed:.0f} s ({written + n} of {size} bytes): slower than "
+                        "REGISTRY_OCI_MIN_RATE after REGISTRY_OCI_BLOB_GRACE; the download was "
+                        "discarded, try again") from None
                 written += n
                 if written > size:
                     raise self._too_long(digest, size)

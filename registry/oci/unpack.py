@@ -18,6 +18,7 @@ import os
 import shutil
 import tarfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,6 +27,41 @@ from ..files import check_file_name
 
 MAX_MEMBERS = 100_000
 COPY_BYTES = 1 << 20
+# A layer smaller than this may still expand to ratio x this (a small config tar of text).
+EXPANSION_FLOOR = 1 << 20
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """How much a tar layer may expand to: ``ratio`` times its own size (at least
+    :data:`EXPANSION_FLOOR`), and never more than ``most`` bytes (REGISTRY_OCI_MAX_EXPANSION,
+    REGISTRY_OCI_MAX_UNPACKED)."""
+
+    ratio: int
+    most: int
+
+    def allowed(self, layer_size: int) -> int:
+        return min(self.most, self.ratio * max(layer_size, EXPANSION_FLOOR))
+
+
+def claim(name: str, claimed: set[str], what: str) -> None:
+    """Add file ``name`` to ``claimed`` (the files written so far, and each of their folders
+    with a trailing ``/``); a name written twice, or both a file and a folder (``x`` and
+    ``x/y``), is refused."""
+    if name in claimed:
+        raise OciArtifactError(f"{what}: two members or layers write {name!r}; the artifact "
+                               "was not used")
+    if name + "/" in claimed:
+        raise OciArtifactError(f"{what}: {name!r} is both a file and a folder of other files; "
+                               "the artifact was not used")
+    parts = name.split("/")
+    folders = ["/".join(parts[:i]) for i in range(1, len(parts))]
+    for folder in folders:
+        if folder in claimed:
+            raise OciArtifactError(f"{what}: {folder!r} is both a file and the folder of "
+                                   f"{name!r}; the artifact was not used")
+    claimed.update(f"{folder}/" for folder in folders)
+    claimed.add(name)
 
 
 class Budget:
@@ -59,10 +95,13 @@ def place(fh: BinaryIO, dest: Path) -> None:
 
 
 def unpack(fh: BinaryIO, media_type: str, target: Path, *, what: str, claimed: set[str],
-           budget: Budget) -> list[str]:
+           budget: Budget, limit: int) -> list[str]:
     """Unpack the tar layer open as ``fh`` under ``target``; the file names it wrote. A name in
-    ``claimed`` (written by another layer) is refused, and the new names are added to it."""
+    ``claimed`` (written by another layer) is refused, and the new names are added to it.
+    ``limit``: the bytes the layer may expand to (:class:`Expansion`), checked against each
+    member's declared size before it is written and against the bytes as they are written."""
     written: list[str] = []
+    expanded = 0
     try:
         with (tarfile.open(fileobj=fh, mode="r|gz") if media_type.endswith("+gzip")
               else tarfile.open(fileobj=fh, mode="r|")) as tar:  # a stream: read once, in order
@@ -80,9 +119,9 @@ def unpack(fh: BinaryIO, media_type: str, target: Path, *, what: str, claimed: s
                     raise OciArtifactError(
                         f"{what} holds {name!r}, a {_kind(member)}; only regular files and "
                         "folders are unpacked, the artifact was not used")
-                if name in claimed:
-                    raise OciArtifactError(f"{what}: two members or layers write {name!r}; the "
-                                           "artifact was not used")
+                claim(name, claimed, what)
+                if expanded + member.size > limit:
+                    raise _too_big(what, limit)
                 budget.take(member.size, f"{what} member {name!r}")
                 source = tar.extractfile(member)
                 if source is None:  # pragma: no cover - isreg() members always have a body
@@ -90,8 +129,11 @@ def unpack(fh: BinaryIO, media_type: str, target: Path, *, what: str, claimed: s
                 dest = target / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with source, open(dest, "xb") as out:
-                    shutil.copyfileobj(source, out, COPY_BYTES)
-                claimed.add(name)
+                    while piece := source.read(COPY_BYTES):  # counted as it is written
+                        expanded += len(piece)
+                        if expanded > limit:
+                            raise _too_big(what, limit)
+                        out.write(piece)
                 written.append(name)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise OciArtifactError(f"{what} is not a readable tar archive ({exc}); the artifact was "
@@ -100,6 +142,12 @@ def unpack(fh: BinaryIO, media_type: str, target: Path, *, what: str, claimed: s
         raise OciArtifactError(f"{what} could not be unpacked ({exc.strerror or exc}): a file "
                                "and a folder share a name, or the disk is full") from None
     return written
+
+
+def _too_big(what: str, limit: int) -> OciArtifactError:
+    return OciArtifactError(f"{what} expands to more than {limit} bytes (REGISTRY_OCI_MAX_EXPANSION"
+                            " times its size, at most REGISTRY_OCI_MAX_UNPACKED); it was not "
+                            "unpacked")
 
 
 def _member_name(raw: str, what: str) -> str:
