@@ -54,8 +54,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal, cast
 
+from .credentials import OciCredential, bearer_token, parse_oci_auth
 from .errors import SettingsError
-from .headers import why_not_header_value
 
 VerifyMode = Literal["off", "if-signed", "require"]
 VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
@@ -89,16 +89,6 @@ _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*
 _CATALOG_SCHEME_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://.*", re.S)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-@dataclass(frozen=True)
-class OciCredential:
-    """Credentials for one OCI registry host (``REGISTRY_OCI_AUTH``); secrets never print."""
-
-    host: str
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -228,7 +218,7 @@ class Settings:
             s3_endpoint_url=env.get("REGISTRY_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")
             or None,
             uri=env.get("REGISTRY_URI") or None,
-            token=_token(env.get("REGISTRY_TOKEN") or None, "REGISTRY_TOKEN"),
+            token=bearer_token(env.get("REGISTRY_TOKEN") or None, "REGISTRY_TOKEN"),
             auth_file=Path(auth_raw).expanduser().absolute() if auth_raw else None,
             auth_file_named=auth_raw is not None,
             mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
@@ -408,64 +398,6 @@ def _count(raw: str, variable: str) -> int:
     if raw.strip().isdigit() and int(raw) <= 64:
         return int(raw)
     raise SettingsError(f"{variable}={raw[:40]!r} is not a thread count; use 0 (off) to 64")
-
-
-_OCI_HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
-
-
-def parse_oci_auth(raw: str, variable: str) -> tuple[OciCredential, ...]:
-    """``REGISTRY_OCI_AUTH`` (or a docker config's ``auths``) -> credentials by host.
-
-    Entries are ``{"username", "password"}``, ``{"auth": base64("user:password")}`` or
-    ``{"token"}``; a message names the host at fault, never a secret.
-    """
-    import base64
-    import binascii
-    import json
-
-    try:
-        table = json.loads(raw)
-    except ValueError:
-        raise SettingsError(f"{variable} is not JSON; use e.g. "
-                            '\'{"ghcr.io": {"username": "me", "password": "..."}}\'') from None
-    if not isinstance(table, dict):
-        raise SettingsError(f"{variable} must be a JSON object keyed by registry HOST[:PORT]")
-    out = []
-    for host, entry in table.items():
-        if not isinstance(host, str) or not _OCI_HOST_RE.fullmatch(host):
-            raise SettingsError(f"{variable} has key {str(host)[:80]!r}, which is not a registry "
-                                "HOST[:PORT] such as 'ghcr.io' or '127.0.0.1:5000'")
-        if not isinstance(entry, dict) or not entry:
-            raise SettingsError(f"{variable}[{host!r}] must be an object such as "
-                                '{"username": "...", "password": "..."}')
-        user, password, token = entry.get("username"), entry.get("password"), entry.get("token")
-        if "auth" in entry:
-            try:
-                user, sep, password = base64.b64decode(str(entry["auth"]),
-                                                       validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                sep = ""
-            if not sep:
-                raise SettingsError(f"{variable}[{host!r}].auth is not base64 of "
-                                    "'username:password'")
-        if not all(v is None or isinstance(v, str) for v in (user, password, token)) \
-                or (token is None and (not user or password is None)):
-            raise SettingsError(f"{variable}[{host!r}] needs string 'username' and 'password', "
-                                "'auth' (base64 of 'username:password') or 'token'")
-        if token is not None:
-            _token(token, f"{variable}[{host!r}].token")
-        out.append(OciCredential(host.lower(), user, password, token))
-    return tuple(out)
-
-
-def _token(raw: str | None, variable: str) -> str | None:
-    """A token sent as a header value: CR, LF or another control character refused here, by
-    name, rather than by httpx deep inside a request (the value is never echoed)."""
-    why = None if raw is None else why_not_header_value(raw)
-    if why is not None:
-        raise SettingsError(f"{variable} cannot be sent as a bearer token: {why}; set it to the "
-                            "token alone")
-    return raw
 
 
 def _ca_bundle(raw: str) -> Path:
