@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, local, oci, peers, pushes, quantized, s3, signing, startup, webhooks
+from . import cuda, hub, local, oci, peers, pushes, quantized, s3, signing, startup, webhooks
 from .helpers import FULL, QUICK, ROOT, S3_MODEL, Bench, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -36,6 +36,7 @@ GROUPS = [
     ((22, 23, 24), quantized.quantized_rows),
     ((34, 35, 36), signing.signed_rows),
     ((42,), webhooks.webhook_rows),
+    ((50,), hub.hub_rows),
 ]
 
 
