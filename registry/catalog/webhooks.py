@@ -281,6 +281,17 @@ class WebhookRows:
                                 .where(DeliveryRow.state == PENDING,
                                        WebhookRow.enabled.is_(True))) or 0)
 
+    def prune(self, older_than: datetime) -> int:
+        """Drop delivered and failed deliveries (with their attempts) made before
+        ``older_than``; pending ones are never dropped. Returns how many."""
+        with self.session() as s:
+            old = select(DeliveryRow.id).where(DeliveryRow.state != PENDING,
+                                               DeliveryRow.created_at < older_than)
+            s.execute(delete(AttemptRow).where(AttemptRow.delivery.in_(old)))
+            gone = s.execute(delete(DeliveryRow).where(DeliveryRow.state != PENDING,
+                                                       DeliveryRow.created_at < older_than))
+            return int(getattr(gone, "rowcount", 0) or 0)
+
     def next_due(self) -> datetime | None:
         """When the soonest pending delivery is due (None: nothing pending)."""
         with self.session() as s:

@@ -46,6 +46,8 @@ LEASE = timedelta(seconds=6 * TIMEOUT_S)
 # receivers that come back are not hit by every registry at once).
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 3600.0
+# Delivered and failed deliveries (and their attempts) are kept this long, then dropped.
+KEEP_DONE = timedelta(days=30)
 # Deliveries sent side by side (each to another webhook or model: a model's go in order).
 SEND_CONCURRENCY = 8
 
@@ -165,6 +167,10 @@ class LocalWebhooks:
 
     def next_due(self) -> datetime | None:
         return self.rows.next_due()
+
+    def prune(self) -> int:
+        """Forget deliveries done more than :data:`KEEP_DONE` ago; how many."""
+        return self.rows.prune(datetime.now(timezone.utc) - KEEP_DONE)
 
     def pending(self) -> int:
         return self.rows.pending()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 from .local import DeliverReport, LocalWebhooks
@@ -17,6 +18,8 @@ from .local import DeliverReport, LocalWebhooks
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+# How often the loop forgets deliveries done long ago (local.KEEP_DONE).
+PRUNE_EVERY_S = 3600.0
 # After a failure of the catalog itself, the loop waits this long before looking again.
 ERROR_PAUSE_S = 5.0
 
@@ -62,9 +65,13 @@ class DeliveryWorker:
             self._thread.join(timeout=15)
 
     def run(self) -> None:
+        pruned_at = 0.0
         while not self._stop.is_set():
             pause = self.poll_s
             try:
+                if time.monotonic() - pruned_at > PRUNE_EVERY_S:
+                    self.webhooks.prune()
+                    pruned_at = time.monotonic()
                 if self.webhooks.deliver(worker=self.worker).attempted:
                     pause = 0.0
                 self.last_error = None

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,19 @@ def test_an_attempt_gives_up_at_its_time_bound(
         f"http://127.0.0.1:{sock.getsockname()[1]}/", b"{}", {})
     thread.join(timeout=30)
     assert attempt.status is None and "timed out" in (attempt.error or "")
+
+
+def test_deliveries_done_long_ago_are_forgotten_and_pending_ones_never(
+        reg: registry.Registry, receiver: Receiver) -> None:
+    hook = reg.add_webhook(receiver.url, "*")
+    reg.push({"w": torch.ones(2)}, "pruned")
+    _deliver(reg)
+    receiver.down()
+    reg.set_alias("pruned", "production", 1)
+    _deliver(reg)  # refused: stays pending
+    rows = reg.backend.catalog.webhooks  # type: ignore[attr-defined]
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    assert rows.prune(later) == 1
+    (left,) = reg.webhook_deliveries(hook.id)
+    assert left.kind == "alias.set" and left.state == "pending" and left.attempts
+    assert reg.backend.webhooks.prune() == 0  # type: ignore[attr-defined]
