@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import re
 import sys
 import types
@@ -163,7 +164,7 @@ def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
                 f"factory {factory!r} is recorded from your script (__main__): only a process "
                 f"whose __main__ defines {attrs[-1]} can pull it without model=; move "
                 f"{attrs[-1]} into a module and push factory='yourmodule:{'.'.join(attrs)}' to "
-                "pull it anywhere", UserWarning, stacklevel=3)
+                "pull it anywhere", UserWarning, stacklevel=_caller_level())
             return factory
     except UntrustedFactoryError:
         why, fix = "it is not a 'package.module:callable' of public names", "name a public one"
@@ -184,8 +185,18 @@ def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
     if why:
         warnings.warn(f"factory {factory!r} is recorded, but pull will refuse to call it: {why} "
                       f"(the factory rule, registry/factories.py); {fix}", UserWarning,
-                      stacklevel=3)
+                      stacklevel=_caller_level())
     return factory
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that names the first line outside this package (the user's push),
+    whichever facade or verb the call came through."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def _is_trusted(module_name: str, trusted_prefixes: tuple[str, ...]) -> bool:

@@ -238,6 +238,7 @@ print(mv.metadata["architecture"]["factory"])
     assert pushed.stdout.strip() == "__main__:MyNet"
     warned = [line for line in pushed.stderr.splitlines() if "UserWarning" in line]
     assert len(warned) == 1, pushed.stderr
+    assert warned[0].startswith(f"{tmp_path / 'train.py'}:"), warned  # the user's line
     assert "only a process whose __main__ defines MyNet can pull it" in warned[0]
     assert "factory='yourmodule:MyNet'" in warned[0]
 
