@@ -8,7 +8,20 @@ import sys
 import time
 from pathlib import Path
 
-from . import cuda, hub, local, oci, peers, pushes, quantized, s3, signing, startup, webhooks
+from . import (
+    cuda,
+    fanout,
+    hub,
+    local,
+    oci,
+    peers,
+    pushes,
+    quantized,
+    s3,
+    signing,
+    startup,
+    webhooks,
+)
 from .helpers import FULL, QUICK, ROOT, S3_MODEL, Bench, pin_malloc_threshold
 from .report import Row, document, machine_facts, table
 
@@ -35,6 +48,7 @@ GROUPS = [
     ((19, 20, 21), oci.oci_rows),
     ((22, 23, 24), quantized.quantized_rows),
     ((34, 35, 36), signing.signed_rows),
+    ((37,), fanout.fanout),
     ((42,), webhooks.webhook_rows),
     ((50,), hub.hub_rows),
 ]
