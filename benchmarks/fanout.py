@@ -27,7 +27,7 @@ import registry
 from registry import manifest as mf
 
 from . import services
-from .helpers import MB, QUICK, S3_MODEL, Bench, Size, duration, env, fp16, local_backend
+from .helpers import MB, QUICK, ROOT, S3_MODEL, Bench, Size, duration, env, fp16, local_backend
 from .report import Row
 from .s3 import s3_endpoint, store_transfer_config
 
@@ -43,12 +43,11 @@ from pathlib import Path
 mode, go, ref = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 if mode == "registry":
     import torch, registry
+    from benchmarks.helpers import touch
     reg = registry.Registry()
     def run():
         state = reg.pull_state_dict(ref, device="cpu")
-        for t in state.values():
-            if isinstance(t, torch.Tensor):
-                t.float().sum()
+        touch(t for t in state.values() if isinstance(t, torch.Tensor))
 else:
     import boto3
     from boto3.s3.transfer import TransferConfig
@@ -193,11 +192,12 @@ def _measure(b: Bench, row: Row, size: Size, rounds: int, moto: str,
     keys = [store.uri(mf.blob_key(f["digest"])).removeprefix(f"s3://{BUCKET}/") for f in files]
     from registry.parallel import DOWNLOAD_CONCURRENCY
 
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # benchmarks.helpers
     with _server(home, store_url, proxy.url) as url:
         def pullers(n: int, shared: bool, tag: str) -> tuple[float, int]:
             caches = [b.scratch(f"fanout-{tag}-{i if not shared else 0}") for i in range(n)]
             envs = [{**os.environ, "REGISTRY_URI": url, "REGISTRY_HOME": str(c.parent / "h"),
-                     "REGISTRY_CACHE_DIR": str(c)} for c in caches]
+                     "REGISTRY_CACHE_DIR": str(c), "PYTHONPATH": path} for c in caches]
             before = proxy.sent
             wall = _wave(b.work, [["registry", str(mv)]] * n, envs)
             return wall, proxy.sent - before
@@ -211,6 +211,7 @@ def _measure(b: Bench, row: Row, size: Size, rounds: int, moto: str,
             env = {**os.environ, "BENCH_S3": proxy.url}
             return _wave(b.work, [[*argv, str(o), *keys] for o in outs], [env] * n)
 
+        pullers(1, True, "warm-up")  # the server's first presign loads boto3: not a pull's cost
         one, shared, each, floor, read = [], [], [], [], []
         for r in range(rounds):
             one.append(pullers(1, True, f"one{r}")[0])
@@ -233,6 +234,7 @@ def _measure(b: Bench, row: Row, size: Size, rounds: int, moto: str,
         f", each {[round(x, 3) for x in each]}, boto3 {[round(x, 3) for x in floor]}. Bytes "
         "are what moto sent through a counting forwarder (headers included, so a hair above "
         "1.00x); the server hands clients presigned URLs through the same forwarder. Every "
-        "process reads every byte of the state dict it pulled. The wall of one pull and of "
-        f"eight is measured from the moment all were ready; on a machine with few cores the "
+        "process reads every byte of the state dict it pulled (helpers.touch). The wall of one "
+        "pull and of eight is measured from the moment all were ready (after an untimed pull "
+        "that warms the server); on a machine with few cores the "
         f"{PROCESSES} verifying processes share them, which one alone does not.")
