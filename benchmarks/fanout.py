@@ -33,6 +33,7 @@ from .s3 import s3_endpoint, store_transfer_config
 
 PROCESSES = 8
 BUCKET = "fanout-bench"
+CPU: dict[str, list[float]] = {}  # CPU seconds per puller, by kind and count (for the notes)
 
 # One puller: a registry pull (REGISTRY_URI and REGISTRY_CACHE_DIR from the environment), every
 # byte read; or boto3 downloading the blobs with the store's transfer settings. It prints the
@@ -66,7 +67,7 @@ go.with_name(f"ready-{os.getpid()}").touch()
 while not go.exists():
     time.sleep(0.005)
 run()
-print(time.time(), flush=True)
+print(time.process_time(), time.time(), flush=True)
 """
 
 
@@ -134,7 +135,8 @@ def _server(home: Path, store_url: str, s3_url: str) -> Iterator[str]:
 
 
 def _wave(work: Path, argvs: list[list[str]], envs: list[dict[str, str]]) -> float:
-    """Start one process per argv, release them together; the wall time until the last ends."""
+    """Start one process per argv, release them together; the wall time until the last ends.
+    The CPU seconds each used (imports included) go to ``CPU``, by kind and count."""
     sync = work / f"wave-{time.monotonic_ns()}"
     sync.mkdir(parents=True)
     go = sync / "go"
@@ -153,7 +155,9 @@ def _wave(work: Path, argvs: list[list[str]], envs: list[dict[str, str]]) -> flo
         out, err = p.communicate(timeout=600)
         if p.returncode != 0:
             raise RuntimeError(f"a puller failed: {err[-800:]}")
-        ends.append(float(out.split()[-1]))
+        cpu, end = (float(x) for x in out.split()[-2:])
+        ends.append(end)
+        CPU.setdefault(f"{argvs[0][0]}x{len(procs)}", []).append(cpu)
     return max(ends) - start
 
 
@@ -237,4 +241,7 @@ def _measure(b: Bench, row: Row, size: Size, rounds: int, moto: str,
         "process reads every byte of the state dict it pulled (helpers.touch). The wall of one "
         "pull and of eight is measured from the moment all were ready (after an untimed pull "
         "that warms the server); on a machine with few cores the "
-        f"{PROCESSES} verifying processes share them, which one alone does not.")
+        f"{PROCESSES} verifying processes share them, which one alone does not: CPU seconds "
+        "per process (its imports included) were "
+        + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in CPU.items())
+        + f" on {os.cpu_count()} cores.")
