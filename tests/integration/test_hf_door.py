@@ -227,6 +227,18 @@ print(json.dumps(snapshot_download("tinynet")))
     assert sorted(loaded) == sorted(pulled)
     for key, value in pulled.items():
         assert torch.equal(loaded[key], value)
+    # Its dtype variant: the floats cast (BatchNorm's integer counter kept), the files too.
+    half = door.client("""
+import json
+from huggingface_hub import snapshot_download
+print(json.dumps(snapshot_download("tinynet", revision="v1+float16")))
+""", tmp_path / "hf16")
+    cast = _files(Path(half))
+    assert sorted(cast) == ["model.safetensors", "notes.txt"]
+    assert cast["notes.txt"] == files["notes.txt"]
+    for key, value in load(cast["model.safetensors"]).items():
+        expected = pulled[key].half() if pulled[key].is_floating_point() else pulled[key]
+        assert value.dtype == expected.dtype and torch.equal(value, expected), key
 
 
 def test_a_dtype_variant_is_a_revision_of_its_own(door: Door, tmp_path: Path) -> None:
@@ -402,3 +414,36 @@ print(json.dumps(out))
     # The same model for a token over every model.
     assert httpx.get(f"{door.endpoint}/api/models/tinynet",
                      headers={"authorization": f"Bearer {door.token}"}).status_code == 200
+
+
+def test_a_torchao_version_is_derived_once_and_loads_quantized(door: Door,
+                                                                tmp_path: Path) -> None:
+    torchao = pytest.importorskip("torchao.quantization")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2,
+                                      vocab_size=VOCAB)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "float")
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "float", dtype=torch.float32,
+        quantization_config=transformers.TorchAoConfig(torchao.Int8WeightOnlyConfig()))
+    door.reg.push(model, "llama-int8")
+    logits = tmp_path / "logits.pt"
+    got = door.client(f"""
+import json, torch, transformers
+from huggingface_hub import HfApi
+model = transformers.AutoModelForCausalLM.from_pretrained("llama-int8")
+with torch.no_grad():
+    torch.save(model(input_ids=torch.arange(8).reshape(1, 8)).logits, {str(logits)!r})
+print(json.dumps({{"sha": HfApi().model_info("llama-int8").sha,
+                  "weight": type(model.model.layers[0].self_attn.q_proj.weight).__name__}}))
+""", tmp_path / "hf")
+    assert got["weight"] == "Int8Tensor"
+    # Derived once into the server's cache by save_pretrained's writer: the same files.
+    derived = door.home / "cache" / "hub" / got["sha"]
+    written = _files(door.reg.save_pretrained("llama-int8", tmp_path / "saved"))
+    assert {k: v for k, v in _files(derived).items() if not k.startswith(".")} == written
+    pulled = door.reg.pull("llama-int8", device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(logits, weights_only=False),
+                                   pulled(torch.arange(8).reshape(1, 8)).logits)
