@@ -35,6 +35,8 @@ COMMANDS = [
     ["db", "upgrade"],
     ["db", "rebuild"],
     ["store", "init"],
+    ["webhook", "ls"],
+    ["webhook", "deliver"],
     ["--help"],
 ]
 
