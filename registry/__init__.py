@@ -76,6 +76,7 @@ if typing.TYPE_CHECKING:
         default_registry,
         delete_alias,
         delete_version,
+        diff,
         events,
         export,
         gc,
@@ -109,6 +110,7 @@ if typing.TYPE_CHECKING:
     from .client import Registry
     from .exports import Artifact
     from .prefetching import PrefetchReport
+    from .provenance.diff import VersionDiff
     from .provenance.lineage import Lineage
 
 # The names that need torch, loaded on first use (PEP 562): `import registry` alone, and with it
@@ -121,11 +123,12 @@ _LAZY = {
         "list_models", "list_versions", "materialize_uri", "prefetch", "prune_cache", "pull",
         "pull_export", "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained",
         "set_alias", "set_tags", "show", "sign", "verify", "add_webhook", "list_webhooks",
-        "remove_webhook", "test_webhook", "webhook_deliveries")},
+        "remove_webhook", "test_webhook", "webhook_deliveries", "diff")},
     "Registry": ".client",
     "Artifact": ".exports",
     "Lineage": ".provenance.lineage",
     "PrefetchReport": ".prefetching",
+    "VersionDiff": ".provenance.diff",
 }
 
 
@@ -192,6 +195,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "UntrustedFactoryError",
     "VersionAliasedError",
+    "VersionDiff",
     "VersionExistsError",
     "Webhook",
     "WebhookSignatureError",
@@ -201,6 +205,7 @@ __all__ = [
     "default_registry",
     "delete_alias",
     "delete_version",
+    "diff",
     "events",
     "export",
     "gc",

@@ -29,6 +29,7 @@ from .oci.results import OciPush
 from .parallel import DOWNLOAD_CONCURRENCY
 from .placement import DeviceMap, NoSplit
 from .prefetching import PrefetchReport
+from .provenance.diff import VersionDiff
 from .provenance.lineage import Lineage
 from .refs import Ref
 from .settings import Settings
@@ -257,3 +258,8 @@ def test_webhook(id: str) -> int:  # noqa: A002
 def webhook_deliveries(id: str, *, limit: int = 100) -> list[Delivery]:  # noqa: A002
     """A webhook's newest deliveries; see :meth:`Registry.webhook_deliveries`."""
     return default_registry().webhook_deliveries(id, limit=limit)
+
+
+def diff(a: str | Ref, b: str | Ref) -> VersionDiff:
+    """What changed from ``a`` to ``b``; see :meth:`Registry.diff`."""
+    return default_registry().diff(a, b)

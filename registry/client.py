@@ -32,6 +32,8 @@ from .oci.results import OciPush
 from .placement import DeviceMap, NoSplit
 from .pretrained import write_pretrained
 from .provenance import capture
+from .provenance import diff as diffs
+from .provenance.diff import VersionDiff
 from .record_check import checked
 from .refs import (
     Ref,
@@ -274,6 +276,14 @@ class Registry(SignedVersions):
             record, listed = oci_door.described(str(ref), self.settings)
             return self._with_signatures(model_version(record), listed)
         return super().show(ref)
+
+    def diff(self, a: str | Ref, b: str | Ref) -> VersionDiff:
+        """What changed from ``a`` to ``b``, tensor by tensor and per module; shards both hold
+        (same digest) are not read. Quantized versions compare dequantized in float32; an
+        adapter against its base gives each module's ``B @ A * scaling`` (registry/provenance)."""
+        ra, rb = (pipeline.resolve(self._backend, self.settings, r) for r in (a, b))
+        return diffs.compare(ra, rb, self._backend.open_blob, lambda r: pipeline.state_dict(
+            self._backend, self.settings, r, "cpu", "float32"))
 
     def pull_state_dict(
         self,

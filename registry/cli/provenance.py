@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from ..display import human_bytes
+from ..provenance.diff import VersionDiff
 from ..provenance.lineage import Lineage
-from ._context import emit_json, open_versions
+from ._context import emit_json, open_registry, open_versions
 
 
 @click.command()
@@ -48,4 +50,50 @@ def lineage_text(found: Lineage) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = [lineage]
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole diff as JSON.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many changed tensors to list (largest relative change first).")
+@click.pass_context
+def diff(ctx: click.Context, a: str, b: str, as_json: bool, top: int) -> None:
+    """What changed from version A to version B: tensors added, removed, reshaped; per changed
+    tensor the relative L2 norm of the change, the largest absolute difference and the fraction
+    of elements changed; per module the same rolled up. Shards both hold are not read."""
+    found = open_registry(ctx).diff(a, b)
+    if as_json:
+        emit_json(found.to_dict())
+        return
+    click.echo(diff_text(found, top))
+
+
+def diff_text(found: VersionDiff, top: int) -> str:
+    lines = [f"{found.a} -> {found.b} ({found.mode}): {len(found.changed)} changed, "
+             f"{found.unchanged} unchanged, {len(found.added)} added, {len(found.removed)} "
+             f"removed; {human_bytes(found.bytes_shared)} shared by digest (not read), "
+             f"{human_bytes(found.bytes_read)} read"]
+    lines += [f"added    {k}" for k in found.added[:top]]
+    lines += [f"removed  {k}" for k in found.removed[:top]]
+    for c in found.reshaped[:top]:
+        lines.append(f"reshaped {c.key}  {c.dtype[0]} {c.shape[0]} -> {c.dtype[1]} {c.shape[1]}")
+    if found.changed:
+        lines.append(f"{'tensor':<40} {'rel. L2':>10} {'max |diff|':>11} {'changed':>8}")
+        for c in found.top(top):
+            if c.relative_l2 is None:
+                continue
+            lines.append(f"{c.key:<40} {_num(c.relative_l2):>10} {_num(c.max_abs):>11} "
+                         f"{c.fraction_changed or 0:>8.1%}")
+    if found.modules:
+        lines.append(f"{'module':<40} {'rel. L2':>10} {'max |diff|':>11} {'tensors':>8}")
+        for m in sorted(found.modules, key=lambda m: m.relative_l2, reverse=True)[:top]:
+            lines.append(f"{m.module or '(root)':<40} {_num(m.relative_l2):>10} "
+                         f"{_num(m.max_abs):>11} {m.changed:>3}/{m.tensors:<4}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+COMMANDS = [lineage, diff]

@@ -1,0 +1,363 @@
+"""The difference between two versions, tensor by tensor, reading only what may have changed.
+
+Shards are compared by digest first: a tensor whose shard has the same digest in both versions
+is unchanged and its bytes are never read. Every other shard is opened through the verified
+cache (``open_blob``) and memory-mapped; each pair of tensors is compared in float32 in chunks,
+so memory beyond the mapped pages stays around two of the largest tensor at worst. Per changed
+tensor: the relative L2 norm of the change (``||b - a|| / ||a||``), the largest absolute
+difference and the fraction of elements that differ; per module (the key without its last
+part), the same rolled up. A quantized version is compared through its dequantized float32
+weights; an adapter version against its base reports each adapted module's effective change
+``B @ A * scaling`` against the base weight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from typing import Any, BinaryIO, Literal
+
+import torch
+
+from .. import adapters
+from ..catalog.records import VersionRecord
+from ..files import VersionFile, weight_files
+from ..weights import load_shard
+
+Mode = Literal["weights", "dequantized", "adapter"]
+OpenBlob = Callable[[str, int], BinaryIO]
+# Elements compared at once: 4M float32 (16 MB) per side, whatever the tensor's size.
+CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class TensorChange:
+    """One tensor present in both versions whose values, shape or dtype differ."""
+
+    key: str
+    shape: tuple[list[int], list[int]]
+    dtype: tuple[str, str]
+    relative_l2: float | None  # ||b - a|| / ||a||; None when the shapes differ (inf: a == 0)
+    max_abs: float | None
+    fraction_changed: float | None
+    norm_delta: float | None = None
+
+
+@dataclass(frozen=True)
+class ModuleChange:
+    """A module's changed tensors rolled up: ``relative_l2`` over all its compared tensors."""
+
+    module: str
+    tensors: int
+    changed: int
+    relative_l2: float
+    max_abs: float
+
+
+@dataclass(frozen=True)
+class VersionDiff:
+    """What changed from version ``a`` to version ``b``."""
+
+    a: str
+    b: str
+    mode: Mode
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[TensorChange] = field(default_factory=list)
+    unchanged: int = 0
+    modules: list[ModuleChange] = field(default_factory=list)
+    bytes_shared: int = 0  # in shards both versions hold (same digest): never read
+    bytes_read: int = 0
+
+    @property
+    def reshaped(self) -> list[TensorChange]:
+        """Tensors whose shape or dtype changed."""
+        return [c for c in self.changed if c.shape[0] != c.shape[1] or c.dtype[0] != c.dtype[1]]
+
+    def top(self, n: int) -> list[TensorChange]:
+        """The ``n`` changed tensors with the largest relative change."""
+        return sorted(self.changed, key=_rank, reverse=True)[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form ``registry diff --json`` prints (an infinite ratio is null)."""
+        out = asdict(self)
+        for c in out["changed"]:
+            c["shape"], c["dtype"] = list(c["shape"]), list(c["dtype"])
+        for item in (*out["changed"], *out["modules"]):
+            for k, v in item.items():
+                if isinstance(v, float) and not math.isfinite(v):
+                    item[k] = None
+        return out
+
+
+def _rank(c: TensorChange) -> float:
+    return math.inf if c.relative_l2 is None else c.relative_l2
+
+
+def compare(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob,
+            dequantized: Callable[[VersionRecord], Mapping[str, Any]]) -> VersionDiff:
+    """The diff of two checked records: an adapter against its base, dequantized weights
+    where either is quantized, else the stored tensors (unchanged shards unread)."""
+    for first, second, adapter_first in ((a, b, True), (b, a, False)):
+        spec = first.manifest.get("adapter")
+        if isinstance(spec, dict) and "adapter" not in second.manifest \
+                and spec.get("base", {}).get("digest") == second.digest:
+            return adapter_over_base(first, second, open_blob, adapter_first=adapter_first)
+    if "quantization" in a.manifest or "quantization" in b.manifest:
+        return states(a, b, dequantized(a), dequantized(b))
+    return weights(a, b, open_blob)
+
+
+# -- the comparison -------------------------------------------------------------------------
+
+@dataclass
+class _Sums:
+    """Running sums of one comparison (a tensor, or a module's tensors)."""
+
+    delta2: float = 0.0
+    base2: float = 0.0
+    max_abs: float = 0.0
+    differ: int = 0
+    numel: int = 0
+
+    def add(self, other: _Sums) -> None:
+        self.delta2 += other.delta2
+        self.base2 += other.base2
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.differ += other.differ
+        self.numel += other.numel
+
+    @property
+    def relative(self) -> float:
+        delta = math.sqrt(self.delta2)
+        if self.base2 == 0.0:
+            return 0.0 if delta == 0.0 else math.inf
+        return delta / math.sqrt(self.base2)
+
+
+def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> _Sums:
+    """Sums of ``b - a`` (same number of elements), chunk by chunk in float32."""
+    sums = _Sums(numel=a.numel())
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    for start in range(0, sums.numel, CHUNK):
+        xa = flat_a[start:start + CHUNK].to(torch.float32)
+        xb = flat_b[start:start + CHUNK].to(torch.float32)
+        delta = xb - xa
+        sums.delta2 += float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+        sums.base2 += float(torch.linalg.vector_norm(xa, dtype=torch.float64)) ** 2
+        if delta.numel():
+            sums.max_abs = max(sums.max_abs, float(delta.abs().max()))
+        sums.differ += int((xa != xb).sum())
+    return sums
+
+
+def _change(key: str, a: torch.Tensor, b: torch.Tensor, sums: _Sums | None) -> TensorChange:
+    shapes = (list(a.shape), list(b.shape))
+    dtypes = (str(a.dtype).removeprefix("torch."), str(b.dtype).removeprefix("torch."))
+    if sums is None:
+        return TensorChange(key, shapes, dtypes, None, None, None)
+    return TensorChange(key, shapes, dtypes, sums.relative, sums.max_abs,
+                        sums.differ / sums.numel if sums.numel else 0.0, math.sqrt(sums.delta2))
+
+
+def module_of(key: str) -> str:
+    """The module a tensor key belongs to: the key without its last part."""
+    return key.rsplit(".", 1)[0] if "." in key else ""
+
+
+class _Rollup:
+    def __init__(self) -> None:
+        self.sums: dict[str, _Sums] = defaultdict(_Sums)
+        self.counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, key: str, sums: _Sums | None, changed: bool) -> None:
+        module = module_of(key)
+        self.counts[module][0] += 1
+        self.counts[module][1] += int(changed)
+        if sums is not None:
+            self.sums[module].add(sums)
+
+    def modules(self) -> list[ModuleChange]:
+        return [ModuleChange(m, n, c, self.sums[m].relative, self.sums[m].max_abs)
+                for m, (n, c) in sorted(self.counts.items()) if c]
+
+
+def weights(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob) -> VersionDiff:
+    """The diff of two float (or same-scheme) versions, reading only shards whose digests
+    differ."""
+    ta, tb = a.manifest["tensors"], b.manifest["tensors"]
+    shard_a, shard_b = _shard_of(a.manifest), _shard_of(b.manifest)
+    common = sorted(ta.keys() & tb.keys())
+    to_read = [k for k in common if shard_a[k].digest != shard_b[k].digest]
+    digests_b = {f.digest for f in weight_files(b.manifest)}
+    shared = sum(f.size for f in weight_files(a.manifest) if f.digest in digests_b)
+    rollup = _Rollup()
+    changed: list[TensorChange] = []
+    unchanged = len(common) - len(to_read)
+    for key in common:
+        if key not in to_read:
+            rollup.add(key, None, False)
+    read = 0
+    with ExitStack() as stack:
+        left = _mapped(a, {shard_a[k] for k in to_read}, open_blob, stack)
+        right = _mapped(b, {shard_b[k] for k in to_read}, open_blob, stack)
+        read = left.read + right.read
+        for key in to_read:
+            x, y = left.tensor(key), right.tensor(key)
+            if x.shape != y.shape:
+                changed.append(_change(key, x, y, None))
+                rollup.add(key, None, True)
+                continue
+            if x.dtype == y.dtype and torch.equal(x, y):
+                unchanged += 1
+                rollup.add(key, None, False)
+                continue
+            sums = compare_tensors(x, y)
+            is_changed = sums.differ > 0 or x.dtype != y.dtype
+            rollup.add(key, sums, is_changed)
+            if is_changed:
+                changed.append(_change(key, x, y, sums))
+            else:
+                unchanged += 1
+    return VersionDiff(_ref(a), _ref(b), "weights", sorted(tb.keys() - ta.keys()),
+                       sorted(ta.keys() - tb.keys()), changed, unchanged, rollup.modules(),
+                       shared, read)
+
+
+def states(a: VersionRecord, b: VersionRecord, sa: Mapping[str, Any],
+           sb: Mapping[str, Any]) -> VersionDiff:
+    """The diff of two dequantized state dicts (a quantized version against its float or
+    dtype-cast sibling)."""
+    ka = {k for k, v in sa.items() if isinstance(v, torch.Tensor)}
+    kb = {k for k, v in sb.items() if isinstance(v, torch.Tensor)}
+    rollup, changed, unchanged = _Rollup(), [], 0
+    for key in sorted(ka & kb):
+        x, y = sa[key], sb[key]
+        if x.shape != y.shape:
+            changed.append(_change(key, x, y, None))
+            rollup.add(key, None, True)
+            continue
+        sums = compare_tensors(x, y)
+        rollup.add(key, sums, sums.differ > 0)
+        if sums.differ:
+            changed.append(_change(key, x, y, sums))
+        else:
+            unchanged += 1
+    read = sum(f.size for r in (a, b) for f in weight_files(r.manifest))
+    return VersionDiff(_ref(a), _ref(b), "dequantized", sorted(kb - ka), sorted(ka - kb),
+                       changed, unchanged, rollup.modules(), 0, read)
+
+
+def adapter_over_base(adapter: VersionRecord, base: VersionRecord, open_blob: OpenBlob,
+                      *, adapter_first: bool) -> VersionDiff:
+    """Each adapted module's effective change ``B @ A * scaling`` against its base weight."""
+    origin = _ref(adapter)
+    record = adapters.check(adapter.manifest["adapter"], origin)
+    config = record["config"]
+    pairs = _lora_pairs(adapter.manifest["tensors"])
+    rollup, changed = _Rollup(), []
+    with ExitStack() as stack:
+        lora = _mapped(adapter, set(weight_files(adapter.manifest)), open_blob, stack)
+        shard_b = _shard_of(base.manifest)
+        wanted = {f"{m}.weight" for m in pairs} & shard_b.keys()
+        plain = _mapped(base, {shard_b[k] for k in wanted}, open_blob, stack)
+        for module, (key_a, key_b) in sorted(pairs.items()):
+            weight_key = f"{module}.weight"
+            if weight_key not in wanted:
+                continue
+            w = plain.tensor(weight_key)
+            low = lora.tensor(key_a).to(torch.float32)
+            high = lora.tensor(key_b).to(torch.float32)
+            delta = (high @ low) * _scaling(config, module)
+            if config.get("fan_in_fan_out"):
+                delta = delta.T
+            if delta.shape != w.shape:
+                continue
+            zero = torch.zeros((), dtype=torch.float32).expand(w.shape)
+            sums = _with_base(compare_tensors(zero, delta), w)
+            rollup.add(weight_key, sums, sums.differ > 0)
+            if sums.differ:
+                changed.append(TensorChange(
+                    weight_key, (list(w.shape), list(w.shape)),
+                    (str(w.dtype).removeprefix("torch."),) * 2, sums.relative, sums.max_abs,
+                    sums.differ / sums.numel, math.sqrt(sums.delta2)))
+        read = lora.read + plain.read
+    first, second = (adapter, base) if adapter_first else (base, adapter)
+    return VersionDiff(_ref(first), _ref(second), "adapter", [], [], changed, 0,
+                       rollup.modules(), 0, read)
+
+
+def _with_base(sums: _Sums, base: torch.Tensor) -> _Sums:
+    """``sums`` of a delta measured from zero, made relative to the base weight's norm."""
+    total = 0.0
+    flat = base.reshape(-1)
+    for start in range(0, flat.numel(), CHUNK):
+        total += float(torch.linalg.vector_norm(flat[start:start + CHUNK].to(torch.float32),
+                                                dtype=torch.float64)) ** 2
+    sums.base2 = total
+    return sums
+
+
+def _lora_pairs(tensors: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """module path in the base -> (lora_A key, lora_B key)."""
+    out = {}
+    for key in tensors:
+        if key.endswith(".lora_A.weight"):
+            module = key.removesuffix(".lora_A.weight")
+            other = f"{module}.lora_B.weight"
+            if other in tensors:
+                out[module.removeprefix("base_model.model.")] = (key, other)
+    return out
+
+
+def _scaling(config: Mapping[str, Any], module: str) -> float:
+    """PEFT's ``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA), per-module patterns included."""
+    def pattern(table: object, default: float) -> float:
+        if isinstance(table, dict):
+            for name, value in table.items():
+                if module == name or module.endswith(f".{name}"):
+                    return float(value)
+        return default
+
+    r = pattern(config.get("rank_pattern"), float(config.get("r") or 8))
+    alpha = pattern(config.get("alpha_pattern"), float(config.get("lora_alpha") or 8))
+    return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def _shard_of(manifest: Mapping[str, Any]) -> dict[str, VersionFile]:
+    return {key: f for f in weight_files(manifest) for key in f.tensors}
+
+
+class _Opened:
+    """The mapped tensors of some shards of one version."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.read = 0
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+
+def _mapped(record: VersionRecord, shards: set[VersionFile], open_blob: OpenBlob,
+            stack: ExitStack) -> _Opened:
+    """Map ``shards`` of ``record`` from the verified cache: tensors are views of the mapped
+    files (pages are read as the comparison touches them, never copied whole)."""
+    opened = _Opened()
+    specs = record.manifest["tensors"]
+    for shard in sorted(shards, key=lambda f: f.name):
+        fh = stack.enter_context(open_blob(shard.digest, shard.size))
+        opened.tensors.update(load_shard(fh, {k: specs[k] for k in shard.tensors},
+                                         lambda _k: torch.device("cpu"),
+                                         lambda _k, stored, _d: stored, origin=_ref(record)))
+        opened.read += shard.size
+    return opened
+
+
+def _ref(record: VersionRecord) -> str:
+    return f"{record.name}:v{record.version}"
