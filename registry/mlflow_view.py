@@ -20,11 +20,14 @@ from .catalog.records import VersionRecord
 from .display import human_bytes, quantization_method, version_table
 from .files import weight_files
 from .manifest import ModelVersion
+from .provenance import card
 
 if TYPE_CHECKING:
     from .backends import LocalBackend
 
 _TAG_KEY_RE = re.compile(r"[^\w.\- /]")
+# MLflow keeps a version's description in a VARCHAR(5000) column.
+MAX_DESCRIPTION = 5000
 MODEL_TAGS = {"registry.mirrored": "true"}
 
 
@@ -116,8 +119,19 @@ def version_tags(record: VersionRecord, source: str,
 
 
 def describe(record: VersionRecord, exports: Sequence[Mapping[str, Any]] = ()) -> str:
-    """A Markdown table of the ``registry show`` facts and the version's exports (MLflow renders
-    descriptions)."""
+    """The version's model card (registry/provenance/card.py, without its YAML front matter),
+    then a Markdown table of the ``registry show`` facts and the version's exports (MLflow
+    renders descriptions); cut to MLflow's 5000 characters by shortening the card."""
+    facts = _facts(record, exports)
+    text = card.render(record.manifest, front=False)
+    budget = MAX_DESCRIPTION - len(facts) - 120
+    if len(text) > budget:
+        text = (text[:max(budget, 0)].rsplit("\n", 1)[0] + "\n\n... (cut: `registry card "
+                f"{record.name}:v{record.version}` prints the whole card)\n")
+    return (text + "\n## Registry facts\n\n" + facts)[:MAX_DESCRIPTION]
+
+
+def _facts(record: VersionRecord, exports: Sequence[Mapping[str, Any]]) -> str:
     mv = ModelVersion(record.name, record.version, record.digest, dict(record.tags),
                       list(record.aliases), {**record.manifest, "tags": dict(record.tags)})
     lines = version_table(mv).splitlines()

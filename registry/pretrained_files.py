@@ -9,6 +9,8 @@ covers (:func:`planned_files`) and what the Hub door serves (:mod:`registry.door
 - ``data`` files are written from what the version recorded: ``config.json`` (its ``dtype`` set
   to the dtype the weights are written in), ``model.safetensors.index.json`` when there are
   several shards, ``generation_config.json``;
+- ``README.md``: the version's model card (:mod:`registry.provenance.card`), unless it
+  attached its own;
 - with a ``dtype``, shards are ``cast``: their floating tensors are written in that dtype (keep
   in fp32 prefixes stay float32), so their bytes are known only once written.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .files import VersionFile, attached_files, is_weights_name, weight_files
+from .provenance import card
 from .signing.oms import IGNORED_PATHS
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -99,6 +102,12 @@ def listing(manifest: Mapping[str, Any], *, dtype: str | None = None,
     for f in attached_files(manifest):
         if f.name not in out and not is_weights_name(f.name):
             out[f.name] = PretrainedFile(f.name, blob=f)
+    # The model card, unless the version attached its own. Only for versions that record
+    # their lineage (every push since cards exist): a signature made before them covers a
+    # directory without README.md, and must keep verifying.
+    if card.README_NAME not in out and "lineage" in (manifest.get("source") or {}):
+        out[card.README_NAME] = PretrainedFile(card.README_NAME,
+                                               data=card.render(manifest).encode())
     return [out[name] for name in sorted(out)]
 
 
