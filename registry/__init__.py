@@ -72,7 +72,9 @@ globals().pop("events")
 if typing.TYPE_CHECKING:
     from ._api import (
         add_webhook,
+        bom,
         cache_list,
+        card,
         default_registry,
         delete_alias,
         delete_version,
@@ -118,7 +120,8 @@ if typing.TYPE_CHECKING:
 # gc, token, db, store), never imports torch, which costs seconds.
 _LAZY = {
     **{name: "._api" for name in (
-        "cache_list", "default_registry", "delete_alias", "delete_version", "events", "export",
+        "bom", "cache_list", "card", "default_registry", "delete_alias", "delete_version",
+        "events", "export",
         "gc", "history", "import_oci", "lineage", "list_adapters", "list_exports",
         "list_models", "list_versions", "materialize_uri", "prefetch", "prune_cache", "pull",
         "pull_export", "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained",
@@ -201,7 +204,9 @@ __all__ = [
     "WebhookSignatureError",
     "WebhookTargetError",
     "add_webhook",
+    "bom",
     "cache_list",
+    "card",
     "default_registry",
     "delete_alias",
     "delete_version",

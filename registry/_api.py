@@ -29,6 +29,7 @@ from .oci.results import OciPush
 from .parallel import DOWNLOAD_CONCURRENCY
 from .placement import DeviceMap, NoSplit
 from .prefetching import PrefetchReport
+from .provenance.bom import BomFormat
 from .provenance.diff import VersionDiff
 from .provenance.lineage import Lineage
 from .refs import Ref
@@ -263,3 +264,13 @@ def webhook_deliveries(id: str, *, limit: int = 100) -> list[Delivery]:  # noqa:
 def diff(a: str | Ref, b: str | Ref) -> VersionDiff:
     """What changed from ``a`` to ``b``; see :meth:`Registry.diff`."""
     return default_registry().diff(a, b)
+
+
+def bom(ref: str | Ref, format: BomFormat = "cyclonedx") -> dict[str, Any]:
+    """The AI-BOM of ``ref`` (CycloneDX 1.6 JSON); see :meth:`Registry.bom`."""
+    return default_registry().bom(ref, format)
+
+
+def card(ref: str | Ref) -> str:
+    """The model card of ``ref``; see :meth:`Registry.card`."""
+    return default_registry().card(ref)

@@ -24,7 +24,8 @@ from .gc import GcReport
 from .manifest import ModelVersion
 from .parallel import DOWNLOAD_CONCURRENCY
 from .prefetching import PrefetchReport
-from .provenance import lineage
+from .provenance import bom, card, lineage
+from .provenance.bom import BomFormat
 from .provenance.lineage import Lineage
 from .record_check import checked
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
@@ -105,6 +106,25 @@ class Versions:
         through the catalog."""
         record = checked(self._backend.resolve(parse(ref)))
         return lineage.graph(record, self._newest_first())
+
+    def bom(self, ref: str | Ref, format: BomFormat = "cyclonedx") -> dict[str, Any]:
+        """The AI-BOM of ``ref`` as JSON: CycloneDX 1.6, the version a
+        ``machine-learning-model`` with every file's SHA-256, its parents and datasets as
+        components (registry/provenance/bom.py). ``format="spdx"`` is refused (see there)."""
+        chosen = bom.check_format(format)
+        record = checked(self._backend.resolve(parse(ref)))
+        assert chosen == "cyclonedx"
+        return bom.cyclonedx(record.manifest, signatures=self._backend.signatures.listed(
+            record.name, record.version))
+
+    def card(self, ref: str | Ref) -> str:
+        """A Hugging Face style model card of ``ref`` (YAML front matter, then identity,
+        training device/dtype/wrapping, quantization, lineage, signatures and files), written
+        from its manifest; ``save_pretrained`` writes it as ``README.md``."""
+        record = checked(self._backend.resolve(parse(ref)))
+        return card.render(record.manifest,
+                           signatures=self._backend.signatures.listed(record.name,
+                                                                      record.version))
 
     def list_models(self) -> list[str]:
         """Names of models with at least one version, sorted."""
@@ -266,8 +286,6 @@ def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) 
     """The :class:`ModelVersion` a caller gets for a catalog record (``push``: the upload
     report of the push that made it)."""
     metadata = {**record.manifest, "tags": dict(record.tags)}
-    if isinstance(found := record.manifest.get("source", {}).get("lineage"), dict):
-        metadata["lineage"] = found  # stored in ``source`` (provenance/lineage.py), shown here
     if push is not None:
         metadata["push"] = push
     return ModelVersion(record.name, record.version, record.digest, dict(record.tags),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
+from .. import safewrite
 from ..display import human_bytes
 from ..provenance.diff import VersionDiff
 from ..provenance.lineage import Lineage
@@ -96,4 +100,38 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-COMMANDS = [lineage, diff]
+@click.command()
+@click.argument("ref")
+@click.option("--format", "fmt", type=click.Choice(["cyclonedx", "spdx"]), default="cyclonedx",
+              show_default=True, help="BOM format (spdx: not offered, see the docs).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the BOM to this file instead of printing it.")
+@click.pass_context
+def bom(ctx: click.Context, ref: str, fmt: str, output: str | None) -> None:
+    """The AI-BOM of REF: CycloneDX 1.6 JSON with the version as a machine-learning-model,
+    every file's SHA-256, its parents and datasets."""
+    document = open_versions(ctx).bom(ref, fmt)  # type: ignore[arg-type]
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    safewrite.write_bytes(Path(output), text.encode())
+    click.echo(f"wrote {output} ({document['bomFormat']} {document['specVersion']})")
+
+
+@click.command()
+@click.argument("ref")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the card to this file instead of printing it.")
+@click.pass_context
+def card(ctx: click.Context, ref: str, output: str | None) -> None:
+    """The Hugging Face style model card of REF (Markdown with YAML front matter)."""
+    text = open_versions(ctx).card(ref)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    safewrite.write_bytes(Path(output), text.encode())
+    click.echo(f"wrote {output}")
+
+
+COMMANDS = [lineage, diff, bom, card]

@@ -63,7 +63,7 @@ def test_a_push_in_a_git_repository_with_an_active_mlflow_run_records_both(
     stored = (reg.settings.home / "objects" / mf.manifest_key("mlp", 1)).read_bytes()
     assert b"ghp_secret" not in stored and b"alice" not in stored
     assert mf.loads(stored, origin="mlp:v1")["source"]["lineage"]["git"] == found.git
-    assert mv.metadata["lineage"]["mlflow"]["run_id"] == run.info.run_id
+    assert mv.metadata["source"]["lineage"]["mlflow"]["run_id"] == run.info.run_id
 
     (repo / "train.py").write_text("print('changed')\n")  # a tracked file edited: dirty
     assert reg.lineage(reg.push(trained_mlp(1), "mlp").ref).git["dirty"] is True  # type: ignore[index]
