@@ -33,7 +33,6 @@ from .placement import DeviceMap, NoSplit
 from .pretrained import write_pretrained
 from .provenance import capture
 from .provenance import diff as diffs
-from .provenance.diff import VersionDiff
 from .record_check import checked
 from .refs import (
     Ref,
@@ -103,9 +102,8 @@ class Registry(SignedVersions):
         ``idempotency_key`` names this push (default: a fresh one): the same push again with
         it, after an unknown outcome, returns the version it made instead of a second one.
 
-        Its lineage goes into the signed manifest: ``parents`` (refs, resolved to digests now),
-        ``datasets`` (``{"name", "uri", "digest"}``), ``run`` (``{"id", "uri"}``) and what
-        ``REGISTRY_LINEAGE*`` captures (git, the MLflow run, libraries, reused and base versions).
+        Lineage (``parents`` refs, ``datasets`` ``{"name", "uri", "digest"}``, ``run`` ``{"id",
+        "uri"}``, and what ``REGISTRY_LINEAGE*`` captures) goes into the signed manifest.
         """
         name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
         target, claim = parse_push_target(name) if name is not None else (None, None)
@@ -149,16 +147,14 @@ class Registry(SignedVersions):
         try:
             staged += attachments.stage(named, self._backend.staging_dir())
             shards = [s.file for s in staged if s.file.role == "weights"]
-            recorded = trail.finish(target, [f.digest for f in shards],
-                                    sections.get("adapter", {}).get("base"))
             draft = mf.Draft(
                 name=target, created_at=datetime.now(timezone.utc).isoformat(),
                 shards=shards,
                 tensors={key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                          for key, t in weights.tensors.items()},
                 tied_aliases=len(weights.tied), extras=weights.extras,
-                architecture=architecture,
-                source={**weights.source, **({"lineage": recorded} if recorded else {})},
+                architecture=architecture, source=trail.source(
+                    weights.source, target, shards, sections.get("adapter", {}).get("base")),
                 module_metadata=weights.module_metadata, key_order=weights.key_order,
                 tags=tag_map, quantization=weights.quantization, sections=sections,
                 attachments=attachments.manifest_entries(
@@ -277,13 +273,9 @@ class Registry(SignedVersions):
             return self._with_signatures(model_version(record), listed)
         return super().show(ref)
 
-    def diff(self, a: str | Ref, b: str | Ref) -> VersionDiff:
-        """What changed from ``a`` to ``b``, tensor by tensor and per module; shards both hold
-        (same digest) are not read. Quantized versions compare dequantized in float32; an
-        adapter against its base gives each module's ``B @ A * scaling`` (registry/provenance)."""
-        ra, rb = (pipeline.resolve(self._backend, self.settings, r) for r in (a, b))
-        return diffs.compare(ra, rb, self._backend.open_blob, lambda r: pipeline.state_dict(
-            self._backend, self.settings, r, "cpu", "float32"))
+    def diff(self, a: str | Ref, b: str | Ref) -> diffs.VersionDiff:
+        """What changed from ``a`` to ``b``, reading no shard both hold (provenance/diff.py)."""
+        return diffs.between(self._backend, self.settings, a, b)
 
     def pull_state_dict(
         self,

@@ -9,12 +9,13 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from ..errors import NotFoundError, RefError
+from ..files import VersionFile
 from ..refs import Ref, parse
 from ..settings import Settings
 from .lineage import (
@@ -133,6 +134,13 @@ class PushLineage:
     run: dict[str, str] | None
     captures: Captures
     resolve: Callable[[Ref], Any]
+
+    def source(self, source: Mapping[str, Any], name: str, shards: Sequence[VersionFile],
+               adapter_base: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The manifest's ``source`` section with this push's ``lineage`` in it (none when
+        there is nothing to record)."""
+        found = self.finish(name, [f.digest for f in shards], adapter_base)
+        return {**source, **({"lineage": found} if found else {})}
 
     def finish(self, name: str, shard_digests: Iterable[str],
                adapter_base: Mapping[str, Any] | None) -> dict[str, Any] | None:

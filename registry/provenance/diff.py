@@ -22,9 +22,12 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .. import adapters
+from .. import adapters, pipeline
+from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import VersionFile, weight_files
+from ..refs import Ref
+from ..settings import Settings
 from ..weights import load_shard
 
 Mode = Literal["weights", "dequantized", "adapter"]
@@ -95,6 +98,15 @@ class VersionDiff:
 
 def _rank(c: TensorChange) -> float:
     return math.inf if c.relative_l2 is None else c.relative_l2
+
+
+def between(backend: Backend, settings: Settings, a: str | Ref, b: str | Ref) -> VersionDiff:
+    """:func:`compare` of the versions ``a`` and ``b`` name, each resolved as a pull resolves
+    it (checked, and passed by the signature policy) and read through ``backend``'s verified
+    cache."""
+    ra, rb = (pipeline.resolve(backend, settings, r) for r in (a, b))
+    return compare(ra, rb, backend.open_blob, lambda r: pipeline.state_dict(
+        backend, settings, r, "cpu", "float32"))
 
 
 def compare(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob,
