@@ -168,7 +168,11 @@ def test_the_real_clients_pull_a_transformers_version(door: Door, tmp_path: Path
     snapshot = Path(got["snapshot"])
     assert _files(snapshot) == _files(written)
     assert {"model.safetensors.index.json", "model.sig", "tokenizer.json",
-            "config.json"} <= set(_files(snapshot))
+            "config.json", "README.md"} <= set(_files(snapshot))
+    # The model card is served as README.md (issue 51), the one save_pretrained writes.
+    card = _files(snapshot)["README.md"].decode()
+    assert card.startswith("---\nlibrary_name: \"transformers\"")
+    assert door.reg.show("tiny-gpt2@production").digest in card
     assert got["again"] == got["snapshot"]
     assert got["siblings"] == sorted(_files(written))
     # The commit is the version's, stable: computed here from its manifest alone.
@@ -206,7 +210,8 @@ path = snapshot_download("tiny-gpt2", revision="production",
 print(json.dumps(path))
 """, tmp_path / "hf")
     written = _files(door.reg.save_pretrained("tiny-gpt2@production", tmp_path / "saved"))
-    assert _files(Path(got)) == {k: v for k, v in written.items() if k != "model.sig"}
+    assert _files(Path(got)) == {k: v for k, v in written.items()
+                                 if k not in ("model.sig", "README.md")}
 
 
 def test_a_plain_module_lists_its_weights_and_files(door: Door, tmp_path: Path) -> None:
@@ -216,7 +221,7 @@ from huggingface_hub import snapshot_download
 print(json.dumps(snapshot_download("tinynet")))
 """, tmp_path / "hf")
     files = _files(Path(got))
-    assert sorted(files) == ["model.safetensors", "notes.txt"]
+    assert sorted(files) == ["README.md", "model.safetensors", "notes.txt"]  # its card too
     record = door.reg.backend.resolve(parse("tinynet"))
     shard = record.manifest["files"][0]
     assert "sha256:" + hashlib.sha256(files["model.safetensors"]).hexdigest() == shard["digest"]
