@@ -15,6 +15,7 @@ from . import (
     local,
     oci,
     peers,
+    provenance,
     pushes,
     quantized,
     s3,
@@ -51,6 +52,7 @@ GROUPS = [
     ((37,), fanout.fanout),
     ((42,), webhooks.webhook_rows),
     ((50,), hub.hub_rows),
+    ((51,), provenance.diff_rows),
 ]
 
 
