@@ -40,9 +40,10 @@ def check_format(format: object) -> BomFormat:
         return "cyclonedx"
     if format == "spdx":
         raise RefError(
-            "format 'spdx' is not offered: no maintained validator of SPDX 3.0 AI and Dataset "
-            "documents runs here to check what would be written, so only CycloneDX 1.6 "
-            "(format='cyclonedx') is; convert it with a CycloneDX-to-SPDX tool if you need SPDX")
+            "format 'spdx' is not offered yet: this registry writes only what a validator in "
+            "its tests checks, and its SPDX 3.0 AI and Dataset profile writer is not built; "
+            "use format='cyclonedx' (CycloneDX 1.6) and convert it with a CycloneDX-to-SPDX "
+            "tool if you need SPDX")
     raise RefError(f"unknown BOM format {str(format)[:40]!r}; use one of {', '.join(FORMATS)}")
 
 

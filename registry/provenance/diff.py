@@ -204,13 +204,14 @@ def weights(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob) -> VersionD
     shard_a, shard_b = _shard_of(a.manifest), _shard_of(b.manifest)
     common = sorted(ta.keys() & tb.keys())
     to_read = [k for k in common if shard_a[k].digest != shard_b[k].digest]
+    reading = set(to_read)
     digests_b = {f.digest for f in weight_files(b.manifest)}
     shared = sum(f.size for f in weight_files(a.manifest) if f.digest in digests_b)
     rollup = _Rollup()
     changed: list[TensorChange] = []
     unchanged = len(common) - len(to_read)
     for key in common:
-        if key not in to_read:
+        if key not in reading:
             rollup.add(key, None, False)
     read = 0
     with ExitStack() as stack:
