@@ -34,7 +34,7 @@ def diff_rows(b: Bench) -> list[Row]:
     paths = [store.open_local(mf.blob_key(f["digest"])) for f in (before[0], changed[0])]
 
     def floor() -> int:
-        return sum(touch(load_file(str(p)).values()) for p in paths)  # type: ignore[arg-type]
+        return sum(touch(load_file(str(p)).values()) for p in paths)
 
     t = interleaved({
         "diff": Case(lambda: b.reg.diff(va.ref, vb.ref)),
