@@ -212,3 +212,39 @@ def test_prefetch_and_prune_over_s3_keep_refs_and_bound_size(
     bad = run_cli("cache", "prune", "--max-size", "lots", env=env)
     assert bad.returncode != 0 and "'lots' is not a size" in bad.stderr
     assert set(_blobs_held(cache)) == {f["digest"][7:] for f in other.metadata["files"]}
+
+
+def test_ls_and_prune_count_signature_memos_and_spare_recent_blobs(
+        reg: registry.Registry, tmp_path: Path, home: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from registry import cachedir
+    from registry.cache import SIGNATURE_MEMOS
+
+    mv = _push(reg, tmp_path, shards=2)
+    cache, log, go = tmp_path / "node-cache", tmp_path / "store.log", tmp_path / "sync" / "go"
+    go.parent.mkdir()
+    go.touch()
+    _results([_start(home, cache, log, go, 0.0, "prefetch")])
+    memos = cache / SIGNATURE_MEMOS
+    memos.mkdir(parents=True, exist_ok=True)
+    (memos / "a").write_text("{}")  # what a passed signature check leaves (signing/memo.py)
+    listed = cachedir.listing(cache)
+    assert (listed.signature_memos, listed.signature_bytes) == (1, 2)
+    assert listed.total_bytes == listed.blob_bytes + 2
+
+    # A day from now, everything is older than a day but the blob a pull holds open.
+    shard = mv.metadata["files"][1]
+    held = BlobCache(cache).open(shard["digest"], lambda tmp: None, shard["size"])
+    try:
+        later = datetime.now(timezone.utc) + timedelta(days=2)
+        assert cachedir.prune(cache, older_than=timedelta(days=1), now=datetime.now(
+            timezone.utc)).removed == []  # nothing is a day old yet
+        report = cachedir.prune(cache, older_than=timedelta(days=1), now=later)
+    finally:
+        held.close()
+    assert report.busy == [shard["digest"]]
+    assert report.signature_memos == 1 and not any(memos.iterdir())
+    assert set(_blobs_held(cache)) == {shard["digest"][7:]}
+    (version,) = cachedir.listing(cache).versions
+    assert (version.ref, version.held_files, version.complete) == ("fan:v1", 1, False)
