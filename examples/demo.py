@@ -57,7 +57,7 @@ def main() -> None:
           f"forward pass gives {tuple(out.shape)}\n")
     print(version_table(registry.show("tinynet")))
     print(f"\nThis demo's registry is {workdir} (REGISTRY_HOME); without REGISTRY_HOME yours is "
-          "~/.registry. Try: REGISTRY_HOME=.demo .venv/bin/registry ls tinynet")
+          "~/.registry.\nTry: REGISTRY_HOME=.demo .venv/bin/registry ls tinynet")
 
 
 if __name__ == "__main__":
