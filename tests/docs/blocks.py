@@ -14,7 +14,7 @@ from pathlib import Path
 LANGUAGES = ("python", "pycon", "bash", "console")
 _FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,}|~{3,})\s*(?P<info>[^`\n]*)$")
 _SKIP = re.compile(r"^\s*<!--\s*docs-test:\s*skip\s*\((?P<reason>[^)]*\S[^)]*)\)\s*-->\s*$")
-_MARKER = re.compile(r"<!--\s*docs-test\b")
+_MARKER = re.compile(r"^\s*<!--\s*docs-test\b")  # at a line's start: prose may quote one
 
 
 class PageError(ValueError):
