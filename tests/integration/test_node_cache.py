@@ -248,3 +248,31 @@ def test_ls_and_prune_count_signature_memos_and_spare_recent_blobs(
     assert set(_blobs_held(cache)) == {shard["digest"][7:]}
     (version,) = cachedir.listing(cache).versions
     assert (version.ref, version.held_files, version.complete) == ("fan:v1", 1, False)
+
+
+def test_prefetchers_through_a_server_ask_it_for_each_blob_once(
+        reg: registry.Registry, tmp_path: Path, home: Path) -> None:
+    from tests.integration.serving import registry_server
+
+    mv = _push(reg, tmp_path)
+    cache = tmp_path / "node-cache"
+    with registry_server(home, tmp_path, "--allow-anonymous") as server:
+        env = {**clean_env(tmp_path / "client-home", REGISTRY_URI=server.url,
+                           REGISTRY_CACHE_DIR=str(cache))}
+        exe = Path(sys.executable).with_name("registry")
+        procs = [subprocess.Popen([str(exe), "prefetch", "fan:v1"], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for _ in range(4)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        log = server.output()
+    digests = [f["digest"] for f in mv.metadata["files"] + mv.metadata["attachments"]]
+    # The access log names each blob as sha256%3A<hex>: its link, then its bytes (a file store
+    # has no presigned URLs, so the bytes come through the server too).
+    def asked(suffix: str) -> Counter[str]:
+        return Counter(d for d in digests for line in log.splitlines()
+                       if f"GET /api/v1/blobs/sha256%3A{d[7:]}{suffix} HTTP" in line)
+    # One download per blob, four prefetchers: each blob's link and bytes asked for once.
+    assert asked("/link") == Counter({d: 1 for d in digests}), log[-3000:]
+    assert asked("") == Counter({d: 1 for d in digests}), log[-3000:]
+    assert {p.name for p in (cache / "blobs" / "sha256").iterdir()} == {d[7:] for d in digests}
