@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -51,6 +52,8 @@ _VERSION_RE = re.compile(r"v?[1-9][0-9]{0,9}")
 _DIGEST_RE = re.compile(r"(?:sha256:)?([0-9a-f]{12,64})")
 _PAGE = 500
 _MEMO_LIMIT = 100_000
+_LISTED_SECONDS = 10.0
+_KEPT_LIMIT = 4096
 
 OpenBlob = Callable[[str, int], BinaryIO]
 
@@ -116,6 +119,8 @@ class HubDoor:
         self._signature = signature
         self.derived_dir = cache_dir / "hub"
         self._commits: dict[tuple[str, str], tuple[int, str | None]] = {}
+        self._kept: dict[tuple[str, int, str | None],
+                         tuple[float, str, Mapping[str, HubFile]]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -140,22 +145,49 @@ class HubDoor:
             if dtype is not None and dtype != pinned:
                 raise self._no_revision(name, text, "a commit names its variant already")
             dtype = pinned
+        commit, files = self._listed(record, dtype)
+        return HubRevision(record, dtype, commit, files)
+
+    def _listed(self, record: VersionRecord,
+                dtype: str | None) -> tuple[str, Mapping[str, HubFile]]:
+        """The commit and files of a version's variant, kept for :data:`_LISTED_SECONDS` (a
+        client's HEAD and GET of each file ask again; a signature added meanwhile shows after)."""
+        key = (record.name, record.version, dtype)
+        now = time.monotonic()
+        kept = self._kept.get(key)
+        if kept is not None and now - kept[0] < _LISTED_SECONDS:
+            return kept[1], kept[2]
         commit = commit_of(record.manifest, dtype)
-        self._remember(name, commit, record.version, dtype)
-        return HubRevision(record, dtype, commit, self._files(record, dtype, commit))
+        self._remember(record.name, commit, record.version, dtype)
+        files = self._files(record, dtype, commit)
+        if len(self._kept) > _KEPT_LIMIT:
+            self._kept.clear()
+        self._kept[key] = (now, commit, files)
+        return commit, files
 
     def _repo(self, repo: str, may_see: Callable[[str], bool]) -> str:
+        """The model name ``repo`` if the caller may see it (whether it exists is learnt from
+        the revision's lookup, one catalog query)."""
         try:
-            name: str | None = validate_name(repo)
-            found = may_see(repo) and bool(self._list_versions(name, limit=1))
-        except (RefError, NotFoundError):
-            name, found = None, False
-        if name is None or not found:
-            raise HubNotFoundError(f"repository {quoted(repo, 140)} not found: it names no model "
-                                   "of this registry (repo_id is the model name)")
+            name = validate_name(repo)
+        except RefError:
+            raise self._no_repo(repo) from None
+        if not may_see(name):
+            raise self._no_repo(repo)
         return name
 
+    def _no_repo(self, repo: str) -> HubNotFoundError:
+        return HubNotFoundError(f"repository {quoted(repo, 140)} not found: it names no model "
+                                "of this registry (repo_id is the model name)")
+
     def _no_revision(self, name: str, text: str, why: str) -> HubNotFoundError:
+        """RevisionNotFound, or RepoNotFound when the model has no version at all."""
+        try:
+            exists = bool(self._list_versions(name, limit=1))
+        except NotFoundError:
+            exists = False
+        if not exists:
+            return self._no_repo(name)
         return HubNotFoundError(
             f"revision {quoted(text, 100)} of {name} not found: {why}; use main, vN, an "
             "alias, a digest prefix or a commit, optionally +float16/+bfloat16/+float32",
