@@ -224,9 +224,12 @@ def sign(ref: str | Ref, *, key: str | os.PathLike[str],
 
 
 def verify(ref: str | Ref, *, public_keys: Sequence[str | os.PathLike[str]] | None = None,
-           certificates: Sequence[str | os.PathLike[str]] | None = None) -> list[Signature]:
-    """The signatures of ``ref`` that verify with trusted keys; see :meth:`Registry.verify`."""
-    return default_registry().verify(ref, public_keys=public_keys, certificates=certificates)
+           certificates: Sequence[str | os.PathLike[str]] | None = None,
+           fast: bool = False) -> list[Signature]:
+    """The signatures of ``ref`` that verify with trusted keys, every file they cover hashed
+    again unless ``fast``; see :meth:`Registry.verify`."""
+    return default_registry().verify(ref, public_keys=public_keys, certificates=certificates,
+                                     fast=fast)
 
 
 def lineage(ref: str | Ref) -> Lineage:

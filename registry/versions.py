@@ -94,8 +94,17 @@ class Versions:
         whose metadata stays its manifest and tags."""
         if listed is None:
             listed = self._backend.signatures.listed(mv.name, mv.version)
-        if listed:
-            mv.metadata["signatures"] = [Signature.from_record(r).to_dict() for r in listed]
+        shown = [Signature.from_record(r).to_dict() for r in listed]
+        source = mv.metadata.get("source")
+        signed = source.get("signed_files") if isinstance(source, dict) else None
+        if isinstance(signed, dict):  # the pushed directory's model.sig, with its status
+            shown.append({"method": signed.get("method"), "signer": signed.get("signer"),
+                          "file": signed.get("file"), "of": "the pushed files",
+                          "verified": bool(signed.get("verified")),
+                          "status": signed.get("status") or (
+                              "verified" if signed.get("verified") else "unverified")})
+        if shown:
+            mv.metadata["signatures"] = shown
         return mv
 
     # -- provenance: computed from manifests and catalog links (registry/provenance) ------------

@@ -46,17 +46,24 @@ class SignedVersions(Versions):
             chain=[Path(c) for c in chain], pretrained=planned_files(record.manifest))
 
     def verify(self, ref: str | Ref, *, public_keys: Sequence[PathLike] | None = None,
-               certificates: Sequence[PathLike] | None = None) -> list[Signature]:
+               certificates: Sequence[PathLike] | None = None,
+               fast: bool = False) -> list[Signature]:
         """The signatures of ``ref`` that verify with ``public_keys`` (PEM) or through a chain
         to ``certificates`` (CA PEM); by default REGISTRY_TRUSTED_KEYS / REGISTRY_TRUSTED_CERTS.
-        A signature whose key is trusted but which does not verify raises SignatureError. It
-        uses the digests the catalog and store already verified: no weight is read."""
+        A signature whose key is trusted but which does not verify raises SignatureError.
+
+        Where one verifies, every file it covers is hashed again as stored (the weights read
+        once, through the verified cache over a server): a stored byte changed since the push
+        raises SignatureError naming the file. ``fast=True`` checks the signatures against the
+        manifest's digests only, reading no weight."""
         record = checked(self._backend.resolve(parse(ref)))
         keys = self.settings.trusted_keys if public_keys is None else public_keys
         certs = self.settings.trusted_certs if certificates is None else certificates
         good, _unknown = service.verify(
             self._backend.signatures, record.manifest, public_keys=[Path(k) for k in keys],
             certificates=[Path(c) for c in certs])
+        if good and not fast:
+            service.rehash(self._backend.open_blob, record.manifest)
         return good
 
     # -- hooks of the facade's pipelines ----------------------------------------------------

@@ -59,7 +59,8 @@ class Signature:
 
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "method": self.method, "signer": self.signer,
-                "created_at": self.created_at, "verified": self.verified}
+                "created_at": self.created_at, "verified": self.verified,
+                "status": "verified" if self.verified else "unverified"}
 
     def files(self) -> list[VersionFile]:
         """Its bundles as version files of role ``signature``."""

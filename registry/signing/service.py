@@ -14,13 +14,14 @@ The pull policy (``REGISTRY_VERIFY``) is :func:`enforce`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
-from ..digests import sha256_bytes
-from ..errors import SignatureError
+from ..digests import sha256_bytes, sha256_file
+from ..errors import DigestMismatchError, SignatureError
+from ..files import version_files
 from . import oms, records
 from .records import Signature
 
@@ -87,6 +88,27 @@ def verify(store: SignatureStore, manifest: Mapping[str, Any], *,
             continue
         good.append(Signature.from_record({**record, "signer": signer}, verified=True))
     return good, unknown
+
+def rehash(open_blob: Callable[[str, int], BinaryIO], manifest: Mapping[str, Any]) -> int:
+    """Hash every file a version's signature covers again, as the store (or the verified
+    cache) holds it now; SignatureError naming the first whose bytes are not its digest. The
+    number of bytes hashed."""
+    origin = f"{manifest['name']}:v{manifest['version']}"
+    hashed = 0
+    for f in version_files(manifest):
+        try:
+            with open_blob(f.digest, f.size) as fh:
+                actual = sha256_file(fh)
+        except DigestMismatchError as exc:
+            raise SignatureError(f"{origin}: its file {f.name!r} ({f.digest}) is not the bytes "
+                                 f"its signature covers ({exc})") from None
+        if actual != f.digest:
+            raise SignatureError(f"{origin}: its file {f.name!r} hashes to {actual}, not the "
+                                 f"{f.digest} its signature covers; the stored blob was changed"
+                                 ": push the same model again to repair it")
+        hashed += f.size
+    return hashed
+
 
 def enforce(store: SignatureStore, manifest: Mapping[str, Any], mode: str, *,
             public_keys: Sequence[Path] = (), certificates: Sequence[Path] = (),

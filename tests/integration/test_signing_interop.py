@@ -101,15 +101,24 @@ def test_a_directory_signed_by_the_reference_cli_is_verified_at_push(
     files = reg.pull_files(mv.ref, tmp_path / "files")
     assert (files / "provenance" / "model.sig").read_bytes() == (src / "model.sig").read_bytes()
 
-    # A file changed after signing: refused under require, pushed with a warning otherwise.
+    # A file changed after signing by a trusted key: refused under require and if-signed alike
+    # (issue 45); pushed only with checks off.
     tampered = tmp_path / "tampered"
     shutil.copytree(src, tampered)
     (tampered / "README.md").write_text("# changed after signing\n")
     with pytest.raises(SignatureError, match="README.md"):
         reg.push(tampered, "gpt2")
     monkeypatch.setenv("REGISTRY_VERIFY", "if-signed")
-    warned = registry.Registry(home=tmp_path / "home").push(tampered, "gpt2")
-    assert warned.metadata["source"]["signed_files"]["verified"] is False
+    with pytest.raises(SignatureError, match="README.md"):
+        registry.Registry(home=tmp_path / "home").push(tampered, "gpt2")
+    # By a signer nobody here trusts: kept, and listed as unverified, never silently.
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(stranger.public))
+    kept = registry.Registry(home=tmp_path / "home").push(tampered, "gpt2")
+    assert kept.metadata["source"]["signed_files"]["verified"] is False
+    shown = registry.Registry(home=tmp_path / "home").show(kept.ref).metadata["signatures"]
+    assert [(s["file"], s["status"]) for s in shown] == [
+        ("provenance/model.sig", "unverified: signer not trusted")]
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(key.public))
     # A signer nobody trusts is refused under require too.
     monkeypatch.setenv("REGISTRY_VERIFY", "require")
     monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(stranger.public))
