@@ -35,7 +35,9 @@
     │   └── InsecureTransportError             plain HTTP (or a redirect) to a non-loopback host
     ├── OciArtifactError (ManifestError)       an OCI artifact that is not a model we can use
     ├── WebhookSignatureError                  a webhook delivery whose signature or time is wrong
-    └── WebhookTargetError (SettingsError)     a webhook URL refused (scheme, private address)
+    ├── WebhookTargetError (SettingsError)     a webhook URL refused (scheme, private address)
+    └── StoreError (OSError)                   an I/O failure on the registry's own files
+        └── DiskFullError                      no space left where a push or pull writes
 
 Each class has a stable ``code`` so a server can send it and a client raise the same class.
 """
@@ -339,6 +341,21 @@ class WebhookTargetError(SettingsError):
     allows those)."""
 
     code = "webhook_target_refused"
+
+
+class StoreError(RegistryError, OSError):
+    """Reading or writing the registry's own files failed (a read-only folder, an I/O error):
+    the message names the path and the operation; nothing half-written is left visible."""
+
+    code = "store_io_failed"
+    exit_code = 17
+
+
+class DiskFullError(StoreError):
+    """No space left (ENOSPC, or a quota: EDQUOT) where a push or pull writes: the message
+    names the path, the bytes it needed and the bytes free there."""
+
+    code = "disk_full"
 
 
 def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:

@@ -16,6 +16,7 @@ Every file the registry writes outside its own home (``save_pretrained`` shards,
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .diskerrors import error_for
 from .errors import NormalizationError
 
 TEMP_PREFIX = ".registry-"
@@ -94,6 +96,8 @@ def replacing(target: Path) -> Iterator[BinaryIO]:
             os.fchmod(fh.fileno(), FILE_MODE)
         os.replace(tmp, target)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # typed: the path, the space free there
+            raise error_for(exc, target, None, f"writing {target.name}") from None
         raise _refuse(target, exc.strerror or type(exc).__name__) from None
     finally:
         with contextlib.suppress(FileNotFoundError):

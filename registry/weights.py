@@ -54,6 +54,7 @@ import torch
 
 from .devices import CODE_DTYPES, DTYPE_CODES
 from .digests import HashingWriter
+from .diskerrors import typed
 from .errors import ManifestError, NormalizationError
 from .fdreader import read_open_file
 from .files import StagedFile, VersionFile, shard_name
@@ -232,7 +233,8 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
                 return StagedFile(paths[i], VersionFile("weights", name, same.file.digest, size,
                                                         tuple(sorted(plan[i]))),
                                   write=functools.partial(write_safetensors, part))
-        digest, size = write_safetensors(part, paths[i])
+        with typed(paths[i], sum(nbytes(t) for t in part.values()), f"push: staging {name}"):
+            digest, size = write_safetensors(part, paths[i])
         return StagedFile(paths[i], VersionFile("weights", name, digest, size,
                                                 tuple(sorted(plan[i]))))
 

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..digests import HashingWriter
+from ..diskerrors import typed
 from ..errors import NotFoundError, RefError, StoreUnavailableError
 from .base import Progress
 from .layout import BLOBS, STAGING
@@ -60,7 +61,7 @@ class FileStore:
                 return
             except OSError:
                 pass  # another filesystem: fall back to a copy
-        with self._temporary(target) as tmp:
+        with self._temporary(target, os.stat(path).st_size) as tmp:
             shutil.copyfile(path, tmp)
             if readonly:
                 os.chmod(tmp, 0o444)
@@ -70,21 +71,22 @@ class FileStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        with self._temporary(target) as tmp:
+        with self._temporary(target, len(data)) as tmp:
             tmp.write_bytes(data)
 
     @contextlib.contextmanager
-    def _temporary(self, target: Path) -> Iterator[Path]:
-        fd, name = tempfile.mkstemp(dir=self.staging_dir, prefix=".put-")
-        os.close(fd)
-        tmp = Path(name)
-        try:
-            yield tmp
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+    def _temporary(self, target: Path, needed: int) -> Iterator[Path]:
+        with typed(target, needed, f"store {self.url}: writing {target.name}"):
+            fd, name = tempfile.mkstemp(dir=self.staging_dir, prefix=".put-")
+            os.close(fd)
+            tmp = Path(name)
+            try:
+                yield tmp
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -98,7 +100,8 @@ class FileStore:
         if not source.exists():
             raise NotFoundError(f"object {key!r} not found in store {self.url}")
         check_size(size, lambda: source.stat().st_size, f"object {key!r} in store {self.url}")
-        with open(source, "rb") as src, open(path, "wb") as dst, HashingWriter(dst) as out:
+        with typed(path, size, f"pull: copying {key} from store {self.url}"), \
+                open(source, "rb") as src, open(path, "wb") as dst, HashingWriter(dst) as out:
             while chunk := src.read(8 * 1024 * 1024):
                 out.write(chunk)
                 if progress:
