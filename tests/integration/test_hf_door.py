@@ -385,7 +385,15 @@ def test_registry_materialize_writes_a_uri_atomically(door: Door, tmp_path: Path
     run_cli("materialize", "registry://tinynet:v1", str(single), "--format", "safetensors",
             env=remote, check=True)
     assert sorted(p.name for p in single.iterdir()) == ["model.safetensors"]
-    # A destination that exists is refused, and left as it was.
+    # An existing empty folder (a volume KServe mounted at /mnt/models) is filled in place.
+    mounted = tmp_path / "mnt-models"
+    mounted.mkdir()
+    run_cli("materialize", "registry://tinynet", str(mounted), "--format", "safetensors",
+            env=remote, check=True)
+    assert sorted(p.name for p in mounted.iterdir()) == ["model.safetensors"]
+    assert (mounted / "model.safetensors").read_bytes() == \
+        (single / "model.safetensors").read_bytes()
+    # A destination that holds anything is refused, and left as it was.
     again = run_cli("materialize", "registry://tinynet", str(single), env=remote)
     assert again.returncode != 0 and "exists" in again.stderr
     bad = run_cli("materialize", "hf://tinynet", str(tmp_path / "x"), env=remote)
