@@ -51,11 +51,7 @@ def diff_rows(b: Bench) -> list[Row]:
         f"Samples (s): diff {t['diff'].spread()}, floor {t['floor'].spread()}. Two versions of "
         f"{len(va.metadata['files'])} shards (one block each) differing in one; the floor "
         "reads that shard's bytes in both versions (the bytes a diff cannot avoid), the diff "
-        "also computes each tensor's change norms in float32. Page cache warm for both. "
-        "Measured only as a --quick smoke run (50 MB model, 17 MB read) on the shared 2-core "
-        "machine while six other engineers worked: diff 24 ms against a 2 ms floor, 14.6x, "
-        "the fixed cost of resolving and checking two versions and mapping two shards "
-        "dominating at that size; the 806 MB row has not been run.")
+        "also computes each tensor's change norms in float32. Page cache warm for both.")
     return [row]
 
 
