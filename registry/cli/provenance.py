@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from .. import safewrite
 from ..display import human_bytes
-from ..provenance.diff import VersionDiff
 from ..provenance.lineage import Lineage
 from ._context import emit_json, open_registry, open_versions
+
+if TYPE_CHECKING:  # diff needs torch; the other commands here never load it
+    from ..provenance.diff import VersionDiff
 
 
 @click.command()
