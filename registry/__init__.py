@@ -15,6 +15,7 @@ import typing
 
 from .errors import (
     AdapterError,
+    AliasProtectedError,
     ArchitectureUnknownError,
     BaseNotFoundError,
     CatalogUnavailableError,
@@ -36,8 +37,8 @@ from .errors import (
     OciUnavailableError,
     PushKeyConflictError,
     QuantizationError,
-    ReferencedVersionError,
     RefError,
+    ReferencedVersionError,
     RegistryError,
     SchemaOutOfDateError,
     SchemeDeviceError,
@@ -53,11 +54,13 @@ from .errors import (
     UntrustedFactoryError,
     VersionAliasedError,
     VersionExistsError,
+    VersionHeldError,
     WebhookSignatureError,
     WebhookTargetError,
 )
 from .events import Event
 from .gc import GcReport
+from .governance import ModelGovernance, Trashed
 from .manifest import ModelVersion
 from .oci.results import OciPush
 from .refs import Ref
@@ -66,10 +69,11 @@ from .settings import Settings
 from .signing import Signature
 from .webhooks import Webhook
 
-# Loading the submodules `registry.gc` (for GcReport) and `registry.events` (for Event) bound
-# their names here; `gc` and `events` are the verbs.
+# Loading the submodules `registry.gc` (for GcReport), `registry.events` (for Event) and
+# `registry.governance` bound their names here; `gc`, `events` and `governance` are the verbs.
 globals().pop("gc")
 globals().pop("events")
+globals().pop("governance")
 
 if typing.TYPE_CHECKING:
     from ._api import (
@@ -84,16 +88,20 @@ if typing.TYPE_CHECKING:
         events,
         export,
         gc,
+        governance,
         history,
+        hold,
         import_oci,
         lineage,
         list_adapters,
         list_exports,
         list_models,
+        list_trash,
         list_versions,
         list_webhooks,
         materialize_uri,
         prefetch,
+        protect_alias,
         prune_cache,
         pull,
         pull_export,
@@ -101,13 +109,17 @@ if typing.TYPE_CHECKING:
         pull_state_dict,
         push,
         push_oci,
+        release,
         remove_webhook,
+        restore_version,
         save_pretrained,
         set_alias,
+        set_retention,
         set_tags,
         show,
         sign,
         test_webhook,
+        unprotect_alias,
         verify,
         webhook_deliveries,
     )
@@ -122,13 +134,18 @@ if typing.TYPE_CHECKING:
 # gc, token, db, store), never imports torch, which costs seconds.
 _LAZY = {
     **{name: "._api" for name in (
-        "bom", "cache_list", "card", "default_registry", "delete_alias", "delete_version",
-        "events", "export",
-        "gc", "history", "import_oci", "lineage", "list_adapters", "list_exports",
-        "list_models", "list_versions", "materialize_uri", "prefetch", "prune_cache", "pull",
-        "pull_export", "pull_files", "pull_state_dict", "push", "push_oci", "save_pretrained",
-        "set_alias", "set_tags", "show", "sign", "verify", "add_webhook", "list_webhooks",
-        "remove_webhook", "test_webhook", "webhook_deliveries", "diff")},
+        "add_webhook", "bom", "cache_list", "card", "default_registry", "delete_alias",
+        "delete_version", "diff", "events", "export", "gc", "history", "import_oci", "lineage",
+        "list_adapters", "list_exports", "list_models", "list_versions", "list_webhooks",
+        "materialize_uri", "prefetch", "prune_cache", "pull", "pull_export", "pull_files",
+        "pull_state_dict", "push", "push_oci", "remove_webhook", "save_pretrained", "set_alias",
+        "set_tags", "show", "sign", "test_webhook", "verify", "webhook_deliveries")},
+        "default_registry", "delete_alias", "delete_version", "events", "export", "gc",
+        "governance", "history", "hold", "import_oci", "lineage", "list_adapters", "list_exports",
+        "list_models", "list_trash", "list_versions", "protect_alias", "pull", "pull_export",
+        "pull_files", "pull_state_dict", "push", "push_oci", "release", "restore_version",
+        "save_pretrained", "set_alias", "set_retention", "set_tags", "show", "sign",
+        "unprotect_alias", "verify")},
     "Registry": ".client",
     "Artifact": ".exports",
     "Lineage": ".provenance.lineage",
@@ -154,6 +171,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdapterError",
+    "AliasProtectedError",
     "ArchitectureUnknownError",
     "Artifact",
     "BaseNotFoundError",
@@ -173,6 +191,7 @@ __all__ = [
     "ManifestError",
     "MissingBlobError",
     "MlflowUnavailableError",
+    "ModelGovernance",
     "ModelVersion",
     "NormalizationError",
     "NotFoundError",
@@ -197,6 +216,7 @@ __all__ = [
     "StateDictMismatchError",
     "StoreError",
     "StoreUnavailableError",
+    "Trashed",
     "UnauthorizedError",
     "UnexpectedUploadError",
     "UnsafeCheckpointError",
@@ -204,6 +224,7 @@ __all__ = [
     "VersionAliasedError",
     "VersionDiff",
     "VersionExistsError",
+    "VersionHeldError",
     "Webhook",
     "WebhookSignatureError",
     "WebhookTargetError",
@@ -218,17 +239,21 @@ __all__ = [
     "events",
     "export",
     "gc",
+    "governance",
     "history",
+    "hold",
     "import_oci",
     "lineage",
     "list_adapters",
     "list_exports",
     "list_models",
+    "list_trash",
     "list_versions",
     "list_webhooks",
     "materialize_uri",
     "parse_ref",
     "prefetch",
+    "protect_alias",
     "prune_cache",
     "pull",
     "pull_export",
@@ -236,13 +261,17 @@ __all__ = [
     "pull_state_dict",
     "push",
     "push_oci",
+    "release",
     "remove_webhook",
+    "restore_version",
     "save_pretrained",
     "set_alias",
+    "set_retention",
     "set_tags",
     "show",
     "sign",
     "test_webhook",
+    "unprotect_alias",
     "verify",
     "webhook_deliveries",
 ]

@@ -23,6 +23,7 @@ from .doors.uri import Format
 from .events import Event
 from .exports import Artifact, ExportFormat
 from .gc import GcReport
+from .governance import ModelGovernance, Trashed
 from .manifest import ModelVersion
 from .materialize import ModelSpec
 from .oci.results import OciPush
@@ -122,12 +123,13 @@ def list_versions(name: str) -> list[ModelVersion]:
     return default_registry().list_versions(name)
 
 
-def set_alias(name: str, alias: str, version: int | str) -> ModelVersion:
-    return default_registry().set_alias(name, alias, version)
+def set_alias(name: str, alias: str, version: int | str, *,
+              force: bool = False) -> ModelVersion:
+    return default_registry().set_alias(name, alias, version, force=force)
 
 
-def delete_alias(name: str, alias: str) -> None:
-    default_registry().delete_alias(name, alias)
+def delete_alias(name: str, alias: str, *, force: bool = False) -> None:
+    default_registry().delete_alias(name, alias, force=force)
 
 
 def set_tags(ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
@@ -144,6 +146,39 @@ def delete_version(ref: str | Ref, *, force: bool = False) -> ModelVersion:
 
 def gc() -> GcReport:
     return default_registry().gc()
+
+
+def protect_alias(name: str, alias: str) -> None:
+    default_registry().protect_alias(name, alias)
+
+
+def unprotect_alias(name: str, alias: str) -> None:
+    default_registry().unprotect_alias(name, alias)
+
+
+def hold(ref: str | Ref, reason: str) -> ModelVersion:
+    return default_registry().hold(ref, reason)
+
+
+def release(ref: str | Ref) -> ModelVersion:
+    return default_registry().release(ref)
+
+
+def set_retention(name: str, *, keep_last: int | None = None,
+                  max_age: timedelta | str | None = None) -> None:
+    default_registry().set_retention(name, keep_last=keep_last, max_age=max_age)
+
+
+def restore_version(ref: str | Ref) -> ModelVersion:
+    return default_registry().restore_version(ref)
+
+
+def list_trash(name: str | None = None) -> list[Trashed]:
+    return default_registry().list_trash(name)
+
+
+def governance(name: str) -> ModelGovernance:
+    return default_registry().governance(name)
 
 
 def history(name: str, alias: str | None = None, *, since: datetime | str | None = None,

@@ -30,10 +30,12 @@ from .files import (
     weights_digest,
 )
 from .gc import DEFAULT_GRACE, GcReport, collect, orphan_manifests
+from .governance import GovernanceOps
+from .governance.local import LocalGovernance
 from .parallel import UPLOAD_CONCURRENCY, concurrently
-from .publish import Copies, read_events
+from .publish import Copies, rebuild
 from .refs import Ref
-from .settings import DEFAULT_PUSH_LEASE, Settings, redact_url
+from .settings import DEFAULT_PUSH_LEASE, DEFAULT_TRASH_DAYS, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
 from .unchanged import KnownShard, known_shards
@@ -86,8 +88,9 @@ class Backend(Protocol):
 
     def list_models(self) -> list[str]: ...
     def list_versions(self, name: str) -> list[VersionRecord]: ...
-    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord: ...
-    def delete_alias(self, name: str, alias: str) -> None: ...
+    def set_alias(self, name: str, alias: str, version: int, *,
+                  force: bool = False) -> VersionRecord: ...
+    def delete_alias(self, name: str, alias: str, *, force: bool = False) -> None: ...
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord: ...
     def delete_version(self, name: str, version: int, *,
                        force: bool = False) -> VersionRecord: ...
@@ -106,6 +109,8 @@ class Backend(Protocol):
     def signatures(self) -> SignatureStore: ...  # records and bundles (registry/signing)
     @property
     def webhooks(self) -> WebhookStore: ...  # subscriptions and deliveries (registry/webhooks)
+    @property
+    def governance(self) -> GovernanceOps: ...  # protection, holds, retention, trash
 
     def close(self) -> None: ...
 
@@ -115,6 +120,7 @@ class LocalBackend:
 
     def __init__(self, catalog: Catalog, store: ObjectStore, cache_dir: Path, *,
                  grace: timedelta = DEFAULT_GRACE, lease: timedelta = DEFAULT_PUSH_LEASE,
+                 trash: timedelta = timedelta(days=DEFAULT_TRASH_DAYS),
                  settings: Settings | None = None) -> None:
         self.catalog = catalog
         self.store = store
@@ -130,6 +136,8 @@ class LocalBackend:
         # The store's copies of catalog facts, and what a failed write left owed.
         self.copies = Copies()
         self.audit = CatalogEvents(catalog)
+        self.governance = LocalGovernance(catalog, store, self.copies, self.exports,
+                                          trash_window=trash)  # REGISTRY_TRASH_DAYS
         # Each committed event is copied to the store (events/<id>.json) for `db rebuild`.
         catalog.event_sinks.append(lambda events: self.copies.write_events(store, events))
         self.webhooks = webhooks_for(catalog.webhooks, settings, cache_dir)
@@ -144,7 +152,8 @@ class LocalBackend:
 
             catalog = Catalog(settings.catalog_url, auto_migrate=settings.auto_migrate)
         return cls(catalog, store or open_store(settings.store_url, settings), settings.cache_dir,
-                   grace=settings.gc_grace, lease=settings.push_lease, settings=settings)
+                   grace=settings.gc_grace, lease=settings.push_lease,
+                   trash=timedelta(days=settings.trash_days), settings=settings)
 
     def __repr__(self) -> str:
         return f"catalog={redact_url(self.catalog.url)!r}, store={self.store.url!r}"
@@ -209,7 +218,7 @@ class LocalBackend:
 
     def commit_push(self, name: str, number: int, manifest: dict[str, Any],
                     tags: dict[str, str], aliases: Iterable[str], *,
-                    owed: list[str] | None = None) -> VersionRecord:
+                    owed: list[str] | None = None, force: bool = False) -> VersionRecord:
         """Make the reserved version visible with its tags and aliases, then write its
         manifest (and the alias table) to the store.
 
@@ -234,7 +243,8 @@ class LocalBackend:
                 f"{len(gone)} file(s) of {origin} vanished from the store while it was "
                 f"committed ({gone[0].digest}, removed by a gc that ran meanwhile); the "
                 "version was not made visible: push it again", files=gone)
-        record = self.catalog.commit(name, number, manifest, tags, aliases := list(aliases))
+        record = self.catalog.commit(name, number, manifest, tags, aliases := list(aliases),
+                                     force=force)
         keys = self._publish(name, [number], aliases=bool(aliases))
         if owed is not None:
             owed += keys
@@ -378,14 +388,16 @@ class LocalBackend:
                       after: int | None = None) -> list[VersionRecord]:
         return self.catalog.list_versions(name, limit=limit, after=after)
 
-    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
-        record = self.catalog.set_alias(name, alias, version)
+    def set_alias(self, name: str, alias: str, version: int, *,
+                  force: bool = False) -> VersionRecord:
+        record = self.catalog.set_alias(name, alias, version, force=force)
         self._publish(name, (), aliases=True)
         return record
 
-    def delete_alias(self, name: str, alias: str) -> None:
-        self.catalog.delete_alias(name, alias)
-        self._publish(name, (), aliases=True)
+    def delete_alias(self, name: str, alias: str, *, force: bool = False) -> None:
+        protected = self.catalog.delete_alias(name, alias, force=force)
+        self.copies.publish(self.catalog, self.store, name, (), aliases=True,
+                            governance=protected)
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
         record = self.catalog.set_tags(name, version, tags)
@@ -393,13 +405,12 @@ class LocalBackend:
         self._publish(name, [version], aliases=False)
         return record
 
-    def delete_version(self, name: str, version: int, *,
-                       force: bool = False) -> VersionRecord:
-        record = self.catalog.delete_version(name, version, force=force)
-        self.store.put_bytes(mf.tombstone_key(name, version), b"")
-        self.store.delete(mf.manifest_key(name, version))
-        self.exports.drop(name, version)
-        self._publish(name, (), aliases=True)
+    def delete_version(self, name: str, version: int, *, force: bool = False,
+                       protected_ok: bool | None = None) -> VersionRecord:
+        """Move ``name:vN`` to the trash (catalog/governance.py); gc purges it later."""
+        record = self.catalog.delete_version(name, version, force=force,
+                                             protected_ok=protected_ok)
+        self.governance.trashed(name, version)
         return record
 
     def list_exports(self, name: str, version: int) -> list[dict[str, Any]]:
@@ -425,23 +436,15 @@ class LocalBackend:
         def drop_stale() -> int:
             return self.catalog.drop_stale_pending(older_than=min(self.grace, self.lease))
 
+        expired, purged = self.governance.sweep()  # retention, then the trash's window
         report = collect(self.store, referenced, grace=self.grace, drop_stale=drop_stale,
                          cache_blobs=self.cache.root / "blobs", temporary_dirs=temporary)
+        report.expired, report.purged = expired, purged
         report.reconciled = self.copies.reconcile(self.catalog, self.store)
         report.orphan_manifests = orphan_manifests(self.store, self.catalog.version_states(),
                                                    grace=self.grace)
         return report
 
     def rebuild(self) -> int:
-        """Rebuild the catalog from the store alone; return the number of versions restored.
-        Every store object is checked first; one the registry cannot have written (a key such as
-        ``manifests/../../evil/v1.json``, bad JSON, a manifest failing its schema or digest, a bad
-        export or signature list) refuses the rebuild, naming it; the catalog is unchanged."""
-        manifests, retired, aliases = self.copies.read_back(self.store)
-        found, signed = self.exports.stored(), self.signatures.stored()
-        events = read_events(self.store)
-        count = self.catalog.restore(manifests, retired, aliases)
-        self.exports.restore(found)
-        self.signatures.restore(signed)
-        self.catalog.restore_events(events)
-        return count
+        """Rebuild the catalog from the store alone (registry/publish.py, :func:`rebuild`)."""
+        return rebuild(self.catalog, self.store, self.copies, self.exports, self.signatures)

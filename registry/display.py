@@ -24,7 +24,9 @@ def version_table(mv: ModelVersion) -> str:
     rows: list[tuple[str, str]] = [
         ("ref", mv.ref),
         ("digest", mv.digest),
-        ("aliases", ", ".join(mv.aliases) or "-"),
+        ("aliases", ", ".join(_marked(mv)) or "-"),
+        *([("hold", _hold(meta["governance"]["hold"]))]
+          if "hold" in meta.get("governance", {}) else []),
         ("tags", ", ".join(f"{k}={v}" for k, v in mv.tags.items()) or "-"),
         ("created", meta.get("created_at", "-")),
         ("architecture", _architecture(arch, meta.get("adapter"))),
@@ -49,6 +51,16 @@ def version_table(mv: ModelVersion) -> str:
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _marked(mv: ModelVersion) -> list[str]:
+    """The version's aliases, a protected one marked ``(protected)``."""
+    protected = mv.metadata.get("governance", {}).get("protected_aliases", [])
+    return [f"{a} (protected)" if a in protected else a for a in mv.aliases]
+
+
+def _hold(hold: dict[str, Any]) -> str:
+    return f"held: {hold.get('reason')} (by {hold.get('actor')}, {str(hold.get('at'))[:10]})"
 
 
 def _architecture(arch: dict[str, Any], adapter: object = None) -> str:
@@ -132,6 +144,7 @@ def version_summary(mv: ModelVersion) -> dict[str, Any]:
         "size": int(source.get("size_bytes", 0)),
         "created": meta.get("created_at"),
         "aliases": list(mv.aliases),
+        **mv.metadata.get("governance", {}),  # protected_aliases, hold: only where there are
         "tags": dict(mv.tags),
         "source": {
             "architecture": _architecture(meta.get("architecture", {})),
@@ -150,7 +163,8 @@ def versions_table(versions: list[ModelVersion]) -> str:
     for mv in versions:
         rows.append((
             mv.ref, mv.digest[:19], human_bytes(int(mv.metadata["source"]["size_bytes"])),
-            ",".join(mv.aliases) or "-",
+            ",".join(_marked(mv)) + (" [held]" if "hold" in mv.metadata.get("governance", {})
+                                     else "") or "-",
             ",".join(f"{k}={v}" for k, v in mv.tags.items()) or "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -36,6 +36,8 @@
     ├── OciArtifactError (ManifestError)       an OCI artifact that is not a model we can use
     ├── WebhookSignatureError                  a webhook delivery whose signature or time is wrong
     ├── WebhookTargetError (SettingsError)     a webhook URL refused (scheme, private address)
+    ├── AliasProtectedError (PermissionError)  moving or deleting a protected alias (HTTP 403)
+    ├── VersionHeldError                       deleting or expiring a held version (HTTP 409)
     └── StoreError (OSError)                   an I/O failure on the registry's own files
         └── DiskFullError                      no space left where a push or pull writes
 
@@ -356,6 +358,22 @@ class DiskFullError(StoreError):
     names the path, the bytes it needed and the bytes free there."""
 
     code = "disk_full"
+
+
+class AliasProtectedError(RegistryError, PermissionError):
+    """Moving or deleting a protected alias without the right: ``force=True`` in an embedded
+    registry, the ``admin`` scope through a server (HTTP 403)."""
+
+    code = "alias_protected"
+    exit_code = 14
+
+
+class VersionHeldError(RegistryError):
+    """Deleting, trashing or expiring a version under a hold (``Registry.hold``): nobody may
+    until the hold is released (HTTP 409)."""
+
+    code = "version_held"
+    exit_code = 15
 
 
 def _tree(root: type[RegistryError]) -> list[type[RegistryError]]:

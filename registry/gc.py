@@ -59,6 +59,10 @@ class GcReport:
     # manifests of versions neither committed nor pending that gc removed.
     reconciled: list[str] = field(default_factory=list)
     orphan_manifests: list[str] = field(default_factory=list)
+    # Versions retention policies moved to the trash, and versions purged from the trash
+    # (past REGISTRY_TRASH_DAYS) before the blobs were collected (registry/governance.py).
+    expired: list[str] = field(default_factory=list)
+    purged: list[str] = field(default_factory=list)
 
 
 def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: timedelta,

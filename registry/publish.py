@@ -27,16 +27,20 @@ import json
 import logging
 import threading
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
 from . import validate
-from .errors import CheckpointError
-from .events import MAX_DETAILS_BYTES, Event
+from .errors import CheckpointError, RegistryError
+from .events import MAX_DETAILS_BYTES, Event, iso
+from .governance import governance_from_dict
 from .store import ObjectStore, layout
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
+    from .exports.local import LocalExports
+    from .signing import LocalSignatures
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,11 @@ MAX_EVENT_OBJECT = MAX_DETAILS_BYTES + 4096
 _REBUILD_FIX = ("nothing was restored: remove or repair that object in the store, then run "
                 "`registry db rebuild` again")
 _ALIASES = 0  # stands for a model's alias table among the versions owed
-# What `db rebuild` reads back: manifests, retired (name, version) pairs, alias tables.
-Stored = tuple[list[dict[str, Any]], list[tuple[str, int]], dict[str, dict[str, int]]]
+_GOVERNANCE = -1  # and for its governance facts (governance/<name>.json)
+# What `db rebuild` reads back: manifests, retired (name, version) pairs, alias tables, and
+# governance facts by model name.
+Stored = tuple[list[dict[str, Any]], list[tuple[str, int]], dict[str, dict[str, int]],
+               dict[str, dict[str, Any]]]
 
 
 class Copies:
@@ -78,30 +85,37 @@ class Copies:
         return [layout.event_key(i) for i in sorted(failed)]
 
     def publish(self, catalog: Catalog, store: ObjectStore, name: str, versions: Iterable[int],
-                *, aliases: bool) -> list[str]:
-        """Write the manifests of ``versions`` (those ready) and, if ``aliases``, the alias
-        table of ``name``, with what was owed for it; returns the keys a failure left owed.
-        Never raises: the catalog already holds the change, and it is what callers were
-        told."""
+                *, aliases: bool, governance: bool = False) -> list[str]:
+        """Write the manifests of ``versions`` (those ready or in the trash) and, if
+        ``aliases``, the alias table of ``name`` (if ``governance``, its governance facts),
+        with what was owed for it; returns the keys a failure left owed. Never raises: the
+        catalog already holds the change, and it is what callers were told."""
         with self._lock:
             owed = self._owed.pop(name, set())
-        wanted = set(versions) | {v for v in owed if v != _ALIASES}
+        wanted = set(versions) | {v for v in owed if v > 0}
         aliases = aliases or _ALIASES in owed
+        governance = governance or _GOVERNANCE in owed
 
-        def write(manifests: dict[int, dict[str, Any]], table: dict[str, int]) -> None:
+        def write(manifests: dict[int, dict[str, Any]], table: dict[str, int],
+                  facts: dict[str, Any]) -> None:
             for version in sorted(manifests):
                 store.put_bytes(mf.manifest_key(name, version), mf.dumps(manifests[version]))
             if aliases:
                 store.put_bytes(mf.aliases_key(name), json.dumps(table, sort_keys=True).encode())
+            if governance:
+                store.put_bytes(layout.governance_key(name),
+                                json.dumps(facts, sort_keys=True).encode())
 
         try:
             catalog.publish(name, wanted, write)
         except Exception as exc:  # reported, remembered, retried: the change itself is made
             with self._lock:
                 self._owed.setdefault(name, set()).update(
-                    wanted | ({_ALIASES} if aliases else set()))
+                    wanted | ({_ALIASES} if aliases else set())
+                    | ({_GOVERNANCE} if governance else set()))
             keys = [mf.manifest_key(name, v) for v in sorted(wanted)] + (
-                [mf.aliases_key(name)] if aliases else [])
+                [mf.aliases_key(name)] if aliases else []) + (
+                [layout.governance_key(name)] if governance else [])
             log.warning("%s is committed, but writing %s to the store failed (%s: %s); it is "
                         "written again by the next change of %s or `registry gc`", name,
                         ", ".join(keys), type(exc).__name__, exc, name)
@@ -111,7 +125,8 @@ class Copies:
     def owed(self) -> list[str]:
         """Store keys still owed by this process."""
         with self._lock:
-            return sorted([mf.aliases_key(n) if v == _ALIASES else mf.manifest_key(n, v)
+            return sorted([mf.aliases_key(n) if v == _ALIASES else layout.governance_key(n)
+                           if v == _GOVERNANCE else mf.manifest_key(n, v)
                            for n, vs in self._owed.items() for v in vs]
                           + [layout.event_key(i) for i in self._owed_events])
 
@@ -120,7 +135,7 @@ class Copies:
         (what any process owed: one that died between its commit and its writes too); returns
         the keys written. It only writes, and removes manifests of deleted versions: a
         manifest of a version the catalog does not know is left to gc's grace."""
-        from .catalog.models import DELETED, READY
+        from .catalog.models import DELETED, READY, TRASHED
 
         states = catalog.version_states()
         stored = set(store.list(layout.MANIFESTS))
@@ -128,8 +143,8 @@ class Copies:
         for name in sorted({n for n, _ in states}):
             mine = {v: state for (n, v), (state, _) in states.items() if n == name}
             missing = [v for v, state in sorted(mine.items())
-                       if state == READY and mf.manifest_key(name, v) not in stored]
-            if self.publish(catalog, store, name, missing, aliases=True):
+                       if state in (READY, TRASHED) and mf.manifest_key(name, v) not in stored]
+            if self.publish(catalog, store, name, missing, aliases=True, governance=True):
                 continue
             written += [mf.manifest_key(name, v) for v in missing]
             for v, state in sorted(mine.items()):
@@ -173,11 +188,16 @@ class Copies:
             name = layout.parse_aliases_key(key)
             data = validate.stored_bytes(store.has(key), key, store.get_bytes)
             aliases[name] = validate.alias_table(validate.stored_json(data, key), key)
+        governance: dict[str, dict[str, Any]] = {}
+        for key in store.list(layout.GOVERNANCE):
+            name = layout.parse_governance_key(key)
+            data = validate.stored_bytes(store.has(key), key, store.get_bytes)
+            governance[name] = stored_governance(validate.stored_json(data, key), key)
         # A tombstone is written before its manifest is removed: if both are there, the
         # deletion happened.
         manifests = [m for m in manifests if (m["name"], m["version"]) not in retired]
         manifests.sort(key=lambda m: (m["name"], m["version"]))
-        return manifests, sorted(retired), aliases
+        return manifests, sorted(retired), aliases, governance
 
 
 def read_events(store: ObjectStore) -> list[Event]:
@@ -197,3 +217,37 @@ def read_events(store: ObjectStore) -> list[Event]:
         events.append(event)
     events.sort(key=lambda e: e.id)
     return events
+
+
+def stored_governance(data: object, key: str) -> dict[str, Any]:
+    """A ``governance/<name>.json`` object, checked: the facts plus ``trashed``
+    ({version: deleted at})."""
+    facts = governance_from_dict(data, origin=f"store object {key}", error=CheckpointError)
+    trashed = data.get("trashed") if isinstance(data, dict) else None
+    moments: dict[int, str] = {}
+    try:
+        assert isinstance(trashed, dict | None) and len(trashed or {}) <= 1_000_000
+        for version, at in (trashed or {}).items():
+            number = validate.version_number(int(version))
+            moments[number] = iso(datetime.fromisoformat(str(at)[:40]))
+    except (AssertionError, ValueError, TypeError, RegistryError):
+        raise CheckpointError(f"store object {key} lists malformed trashed versions; "
+                              f"{_REBUILD_FIX}") from None
+    return {**facts.to_dict(), "trashed": moments}
+
+
+def rebuild(catalog: Catalog, store: ObjectStore, copies: Copies, exports: LocalExports,
+            signatures: LocalSignatures) -> int:
+    """Rebuild the catalog from the store alone; return the number of versions restored.
+    Every store object is checked first; one the registry cannot have written (a key such as
+    ``manifests/../../evil/v1.json``, bad JSON, a manifest failing its schema or digest, a bad
+    export or signature list, a bad event or governance object) refuses the rebuild, naming it;
+    the catalog is unchanged."""
+    manifests, retired, aliases, governance = copies.read_back(store)
+    found, signed = exports.stored(), signatures.stored()
+    events = read_events(store)
+    count = catalog.restore(manifests, retired, aliases, governance)
+    exports.restore(found)
+    signatures.restore(signed)
+    catalog.restore_events(events)
+    return count

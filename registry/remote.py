@@ -28,8 +28,9 @@ from .errors import RegistryError, ServerUnavailableError, SettingsError, quoted
 from .exports.remote import RemoteExports
 from .files import StagedFile
 from .gc import GcReport
+from .governance.remote import ServerGovernance
 from .parallel import UPLOAD_CONCURRENCY, concurrently
-from .refs import Ref, validate_name
+from .refs import Ref, parse, validate_name
 from .signing.remote import RemoteSignatures
 from .transport import Transport, segment, upload_targets
 from .unchanged import KnownShard, known_shards
@@ -72,6 +73,7 @@ class RemoteBackend:
         self.signatures = RemoteSignatures(self.transport)
         self.audit = ServerEvents(self.transport)
         self.webhooks = RemoteWebhooks(self.transport)
+        self.governance = ServerGovernance(self.transport, record_from_wire)
 
     def __repr__(self) -> str:  # never show the token
         return f"RemoteBackend({self.url!r})"
@@ -186,11 +188,13 @@ class RemoteBackend:
                                     "registry server of this version?")
             after = following
 
-    def set_alias(self, name: str, alias: str, version: int) -> VersionRecord:
+    def set_alias(self, name: str, alias: str, version: int, *,
+                  force: bool = False) -> VersionRecord:
+        """``force`` is the server's to grant: a protected alias moves for an admin token."""
         path = f"/models/{segment(name)}/aliases/{segment(alias)}"
         return record_from_wire(self.transport.call("PUT", path, json={"version": version}))
 
-    def delete_alias(self, name: str, alias: str) -> None:
+    def delete_alias(self, name: str, alias: str, *, force: bool = False) -> None:
         self.transport.call("DELETE", f"/models/{segment(name)}/aliases/{segment(alias)}")
 
     def set_tags(self, name: str, version: int, tags: dict[str, str | None]) -> VersionRecord:
@@ -216,7 +220,9 @@ class RemoteBackend:
                                        low=0, high=2**63),
                             strict_int(answer.get("temporary_bytes", 0), "temporary_bytes",
                                        low=0, high=2**63),
-                            strict_int(answer.get("unknown", 0), "unknown", low=0, high=2**63))
+                            strict_int(answer.get("unknown", 0), "unknown", low=0, high=2**63),
+                            expired=[str(parse(r)) for r in answer.get("expired", [])[:10**6]],
+                            purged=[str(parse(r)) for r in answer.get("purged", [])[:10**6]])
         except (KeyError, TypeError, RegistryError) as exc:
             raise RegistryError(f"registry server {self.url} sent a malformed gc report "
                                 f"({quoted(str(exc))})") from None

@@ -13,6 +13,7 @@
 | REGISTRY_AUTH_FILE          | $REGISTRY_HOME/auth.json              |
 | REGISTRY_SHARD_SIZE         | 1GiB                                  |
 | REGISTRY_GC_GRACE           | 6h                                    |
+| REGISTRY_TRASH_DAYS         | 7 (a deleted version stays restorable)|
 | MLFLOW_TRACKING_URI         | unset (sync: $REGISTRY_HOME/mlflow.db)|
 | AWS_MAX_ATTEMPTS            | 4 (the S3 store's retry bound)        |
 | REGISTRY_PREFAULT_THREADS   | 2 (threads mapping a pull's pages)    |
@@ -63,6 +64,8 @@ VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")
 DEFAULT_TRUSTED_FACTORIES = ("torchvision.models", "timm")
 DEFAULT_SHARD_SIZE = 2**30
 DEFAULT_GC_GRACE = timedelta(hours=6)
+DEFAULT_TRASH_DAYS = 7
+MAX_TRASH_DAYS = 36500
 # How long an S3 operation is tried again, with backoff, while the endpoint does not answer:
 # a blip of a second or two is invisible to callers, a dead endpoint fails within seconds.
 DEFAULT_STORE_RETRY = timedelta(seconds=5)
@@ -112,6 +115,8 @@ class Settings:
     s3_max_attempts: int | None = None
     # gc never deletes what is younger than this, and drops reservations older than it.
     gc_grace: timedelta = DEFAULT_GC_GRACE
+    # How long a deleted version stays in the trash, restorable, before gc purges it.
+    trash_days: float = DEFAULT_TRASH_DAYS
     # Threads mapping the pages of a pull's memory-mapped tensors (registry/prefault.py); 0: none.
     prefault_threads: int = DEFAULT_PREFAULT_THREADS
     # Part size and parts in flight of one S3 transfer (uploads and ranged GETs alike).
@@ -197,6 +202,7 @@ class Settings:
         auth_raw = env.get("REGISTRY_AUTH_FILE") or None
         shard_raw = env.get("REGISTRY_SHARD_SIZE") or None
         grace_raw = env.get("REGISTRY_GC_GRACE") or None
+        trash_raw = env.get("REGISTRY_TRASH_DAYS") or None
         attempts_raw = env.get("AWS_MAX_ATTEMPTS") or None
         prefault_raw = env.get("REGISTRY_PREFAULT_THREADS") or None
         part_raw = env.get("REGISTRY_S3_PART_SIZE") or None
@@ -226,6 +232,8 @@ class Settings:
             if shard_raw else DEFAULT_SHARD_SIZE,
             gc_grace=parse_duration(grace_raw, "REGISTRY_GC_GRACE")
             if grace_raw else DEFAULT_GC_GRACE,
+            trash_days=_days(trash_raw, "REGISTRY_TRASH_DAYS")
+            if trash_raw else DEFAULT_TRASH_DAYS,
             s3_max_attempts=_positive_int(attempts_raw, "AWS_MAX_ATTEMPTS")
             if attempts_raw else None,
             prefault_threads=_count(prefault_raw, "REGISTRY_PREFAULT_THREADS")
@@ -392,6 +400,17 @@ def _bounded_int(raw: str, variable: str, most: int) -> int:
     if raw.strip().isdigit() and 1 <= int(raw) <= most:
         return int(raw)
     raise SettingsError(f"{variable}={raw[:40]!r} is not a whole number from 1 to {most}")
+
+
+def _days(raw: str, variable: str) -> float:
+    try:
+        days = float(raw.strip()) if len(raw) < 40 else -1.0
+    except ValueError:
+        days = -1.0
+    if 0 <= days <= MAX_TRASH_DAYS:  # NaN fails both
+        return days
+    raise SettingsError(f"{variable}={raw[:40]!r} is not a number of days; use e.g. 7, 30, "
+                        f"0.5 or 0 (gc purges deleted versions at once), at most {MAX_TRASH_DAYS}")
 
 
 def _count(raw: str, variable: str) -> int:

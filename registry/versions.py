@@ -21,6 +21,7 @@ from .errors import ReferencedVersionError, RefError, SettingsError
 from .events import MAX_EVENT_ID, Event
 from .exports import Artifact
 from .gc import GcReport
+from .governance import ModelGovernance, Trashed, check_reason, check_retention
 from .manifest import ModelVersion
 from .parallel import DOWNLOAD_CONCURRENCY
 from .prefetching import PrefetchReport
@@ -85,7 +86,27 @@ class Versions:
 
     def show(self, ref: str | Ref) -> ModelVersion:
         """The version ``ref`` names (the latest one for a bare name), with its signatures."""
-        return self._with_signatures(model_version(self._backend.resolve(parse(ref))))
+        mv = model_version(self._backend.resolve(parse(ref)))
+        return self._with_signatures(self._with_governance([mv])[0])
+
+    def _with_governance(self, versions: list[ModelVersion]) -> list[ModelVersion]:
+        """``metadata["governance"]`` where a version has a protected alias or a hold
+        (``protected_aliases``, ``hold``); absent otherwise, so metadata stays the manifest."""
+        if not versions:
+            return versions
+        state = self._backend.governance.state(versions[0].name)
+        if not state.protected and not state.holds:
+            return versions
+        for mv in versions:
+            marks: dict[str, Any] = {}
+            protected = [a for a in mv.aliases if a in state.protected]
+            if protected:
+                marks["protected_aliases"] = protected
+            if mv.version in state.holds:
+                marks["hold"] = state.holds[mv.version].to_dict()
+            if marks:
+                mv.metadata["governance"] = marks
+        return versions
 
     def _with_signatures(self, mv: ModelVersion,
                          listed: list[dict[str, Any]] | None = None) -> ModelVersion:
@@ -141,7 +162,8 @@ class Versions:
 
     def list_versions(self, name: str) -> list[ModelVersion]:
         """Every live version of ``name``, oldest first."""
-        return [model_version(r) for r in self._backend.list_versions(validate_name(name))]
+        return self._with_governance(
+            [model_version(r) for r in self._backend.list_versions(validate_name(name))])
 
     def list_exports(self, ref: str | Ref) -> list[Artifact]:
         """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
@@ -170,13 +192,65 @@ class Versions:
 
     # -- changes --------------------------------------------------------------------------
 
-    def set_alias(self, name: str, alias: str, version: int | str) -> ModelVersion:
-        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere)."""
+    def set_alias(self, name: str, alias: str, version: int | str, *,
+                  force: bool = False) -> ModelVersion:
+        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere); a protected
+        alias moves only with ``force`` (through a server: for an admin token)."""
         return model_version(self._backend.set_alias(validate_name(name), validate_alias(alias),
-                                                     validate_version(version)))
+                                                     validate_version(version), force=force))
 
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._backend.delete_alias(validate_name(name), validate_alias(alias))
+    def delete_alias(self, name: str, alias: str, *, force: bool = False) -> None:
+        """Remove ``name@alias``; a protected alias only with ``force`` (server: admin)."""
+        self._backend.delete_alias(validate_name(name), validate_alias(alias), force=force)
+
+    # -- governance (registry/governance.py) ----------------------------------------------
+
+    def protect_alias(self, name: str, alias: str) -> None:
+        """Protect ``name@alias``: moving or deleting it then needs ``force`` (embedded) or
+        the admin scope (server)."""
+        self._backend.governance.protect_alias(validate_name(name), validate_alias(alias), True)
+
+    def unprotect_alias(self, name: str, alias: str) -> None:
+        self._backend.governance.protect_alias(validate_name(name), validate_alias(alias), False)
+
+    def hold(self, ref: str | Ref, reason: str) -> ModelVersion:
+        """Hold the version ``ref`` names: nobody may delete, trash or expire it until
+        :meth:`release`."""
+        found = self._backend.resolve(parse(ref))
+        return model_version(self._backend.governance.hold(found.name, found.version,
+                                                           check_reason(reason)))
+
+    def release(self, ref: str | Ref) -> ModelVersion:
+        """Lift the hold on version ``ref`` (through a server: admin scope)."""
+        found = self._backend.resolve(parse(ref))
+        return model_version(self._backend.governance.release(found.name, found.version))
+
+    def set_retention(self, name: str, *, keep_last: int | None = None,
+                      max_age: timedelta | str | None = None) -> None:
+        """``gc`` trashes versions of ``name`` that are not among the ``keep_last`` newest and
+        older than ``max_age`` (``"90d"``), never an aliased, held or base version; with
+        neither, the policy is cleared."""
+        policy = None if keep_last is None and max_age is None else \
+            check_retention(keep_last, max_age)
+        self._backend.governance.set_retention(validate_name(name), policy)
+
+    def restore_version(self, ref: str | Ref) -> ModelVersion:
+        """Bring deleted version ``name:vN`` back from the trash (within REGISTRY_TRASH_DAYS);
+        its aliases are not restored."""
+        parsed = parse(ref)
+        if parsed.version is None:
+            raise RefError(f"restore_version needs an explicit version such as "
+                           f"'{parsed.name}:v1', not {str(parsed)!r}")
+        return model_version(self._backend.governance.restore_version(parsed.name,
+                                                                      parsed.version))
+
+    def list_trash(self, name: str | None = None) -> list[Trashed]:
+        """Deleted versions still restorable (of ``name``, or of every model)."""
+        return self._backend.governance.trash(None if name is None else validate_name(name))
+
+    def governance(self, name: str) -> ModelGovernance:
+        """``name``'s protected aliases, held versions and retention policy."""
+        return self._backend.governance.state(validate_name(name))
 
     def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
         """Merge ``tags`` into the version's tags; a None value removes a tag."""
@@ -192,8 +266,11 @@ class Versions:
         return [model_version(r) for r in adapters_over(bases, self._newest_first())]
 
     def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
-        """Delete version ``name:vN`` (its number is never reused); a version that aliases point
-        at, or that adapters name as their base, needs ``force``."""
+        """Move version ``name:vN`` to the trash (its number is never reused;
+        :meth:`restore_version` brings it back within REGISTRY_TRASH_DAYS, then gc purges it).
+        A version that aliases point at, or that adapters name as their base, needs ``force``;
+        one a protected alias points at needs ``force`` (server: admin); a held one is
+        refused."""
         parsed = parse(ref)
         if parsed.version is None:
             raise RefError(f"delete_version needs an explicit version such as "

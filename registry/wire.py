@@ -16,6 +16,7 @@ from typing import Any
 from .catalog.records import VersionRecord
 from .errors import (
     ERRORS_BY_CODE,
+    AliasProtectedError,
     CatalogUnavailableError,
     DigestMismatchError,
     ForbiddenError,
@@ -28,6 +29,7 @@ from .errors import (
     UnexpectedUploadError,
     VersionAliasedError,
     VersionExistsError,
+    VersionHeldError,
 )
 from .validate import answer_record
 
@@ -42,6 +44,8 @@ EXPORTS_ROUTE = "/models/{name}/versions/{version}/exports"
 STATUS: list[tuple[type[RegistryError], int]] = [
     (UnauthorizedError, 401),
     (ForbiddenError, 403),
+    (AliasProtectedError, 403),
+    (VersionHeldError, 409),
     (NotFoundError, 404),
     (VersionExistsError, 409),
     (VersionAliasedError, 409),

@@ -36,13 +36,24 @@ from registry.wire import status_for
 
 from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response
-from .routes import admin, blobs, events, exports, hf, models, pushes, signatures, webhooks
+from .routes import (
+    admin,
+    blobs,
+    events,
+    exports,
+    governance,
+    hf,
+    models,
+    pushes,
+    signatures,
+    webhooks,
+)
 from .signatures import CommitSignatures
 
 log = logging.getLogger("registry.server")
 
 ROUTERS = (signatures.router, models.router, pushes.router, blobs.router, admin.router,
-           exports.router, events.router, webhooks.router, hf.router)
+           exports.router, events.router, webhooks.router, hf.router, governance.router)
 
 
 def create_app(settings: Settings | None = None, *, auth: AuthPolicy | None = None,

@@ -31,6 +31,9 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     # gc in a test frees what the test just deleted; tests of the grace itself (tests/faults,
     # test_gc_race.py) set REGISTRY_GC_GRACE or pass grace= themselves.
     monkeypatch.setenv("REGISTRY_GC_GRACE", "0")
+    # ...and purges what a test deleted at once (the trash's window has its own tests, which
+    # set REGISTRY_TRASH_DAYS themselves: tests/integration/test_governance.py).
+    monkeypatch.setenv("REGISTRY_TRASH_DAYS", "0")
     # Each test pulls adapters as a new process would: PEFT's own attach first, no recipe from
     # an earlier test's pulls of a base with the same digest (registry/peftreplay.py).
     peftreplay.forget()

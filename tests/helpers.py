@@ -126,6 +126,7 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
     env["REGISTRY_HOME"] = str(home)
     env["REGISTRY_GC_GRACE"] = "0"  # as in tests/conftest.py: gc frees what a test deleted
+    env["REGISTRY_TRASH_DAYS"] = "0"  # and purges what it deleted (tests/conftest.py)
     env.update(extra)
     return env
 

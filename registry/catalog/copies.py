@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from .models import PENDING, READY, AliasRow, ModelRow, VersionRow, aware
+from .models import PENDING, READY, TRASHED, AliasRow, ModelRow, VersionRow, aware
 from .records import VersionRecord
 
 
@@ -28,6 +28,7 @@ class StoreCopies:
 
     session: Callable[[], AbstractContextManager[Session]]
     _record: Callable[..., VersionRecord]
+    governance_facts: Callable[[Session, ModelRow], dict[str, Any]]
 
     def committed(self, name: str, version: int, manifest: dict[str, Any], *,
                   session: Session | None = None,
@@ -51,10 +52,12 @@ class StoreCopies:
         return self._record(s, model, row)
 
     def publish(self, name: str, versions: Iterable[int],
-                write: Callable[[dict[int, dict[str, Any]], dict[str, int]], None]) -> None:
-        """Call ``write(manifests, aliases)`` with what the catalog holds for ``name`` right now
-        (the manifests, tags included, of those of ``versions`` that are ready, and the alias
-        table) while holding the model's write lock.
+                write: Callable[[dict[int, dict[str, Any]], dict[str, int], dict[str, Any]],
+                                None]) -> None:
+        """Call ``write(manifests, aliases, governance)`` with what the catalog holds for
+        ``name`` right now (the manifests, tags included, of those of ``versions`` that are
+        ready or in the trash, the alias table, and the governance facts) while holding the
+        model's write lock.
 
         Every change of a version's visibility, tags or aliases takes the same lock, so the
         store's copies are written in the catalog's order and the last one written is of the
@@ -67,12 +70,12 @@ class StoreCopies:
             wanted = sorted(set(versions))
             rows = s.scalars(select(VersionRow).where(
                 VersionRow.model_id == model.id, VersionRow.version.in_(wanted),
-                VersionRow.state == READY)).all() if wanted else []
+                VersionRow.state.in_((READY, TRASHED)))).all() if wanted else []
             manifests = {r.version: {**json.loads(r.manifest or "{}"), "tags": json.loads(r.tags)}
                          for r in rows}
             aliases = {a.alias: a.version for a in s.scalars(
                 select(AliasRow).where(AliasRow.model_id == model.id))}
-            write(manifests, aliases)
+            write(manifests, aliases, self.governance_facts(s, model))
 
     def version_states(self) -> dict[tuple[str, int], tuple[str, datetime]]:
         """(name, version) -> (state, reserved at) of every row: what gc compares the store's

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -19,6 +20,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 PENDING, READY, DELETED = "pending", "ready", "deleted"
+# A deleted version in the trash: invisible, restorable until gc purges it (DELETED).
+TRASHED = "trashed"
 
 
 def aware(moment: datetime) -> datetime:
@@ -39,6 +42,8 @@ class ModelRow(Base):
     # The highest number ever handed out: numbers of deleted versions are never reused.
     last_version: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The retention policy gc applies ({"keep_last": N, "max_age_s": S}), or NULL for none.
+    retention: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class VersionRow(Base):
@@ -54,8 +59,8 @@ class VersionRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("registry_models.id", ondelete="CASCADE"))
     version: Mapped[int] = mapped_column(Integer)
-    # pending: reserved by a push in progress (invisible); ready: visible; deleted: a tombstone
-    # that keeps the number retired.
+    # pending: reserved by a push in progress (invisible); ready: visible; trashed: deleted but
+    # restorable until gc purges it; deleted: a tombstone that keeps the number retired.
     state: Mapped[str] = mapped_column(String(16))
     digest: Mapped[str] = mapped_column(String(71))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
@@ -68,6 +73,8 @@ class VersionRow(Base):
     mlflow_synced: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # The idempotency key of the push that reserved this version (catalog/pushes.py).
     push_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # A hold ({"reason", "actor", "at"}): nobody may delete, trash or expire the version.
+    hold: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AliasRow(Base):
@@ -79,6 +86,8 @@ class AliasRow(Base):
     alias: Mapped[str] = mapped_column(String(63), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Moving or deleting it needs force (embedded) or the admin scope (server).
+    protected: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class VersionFileRow(Base):
@@ -147,9 +156,9 @@ class EventRow(Base):
 
 
 def live_version_id(s: Session, name: str, version: int) -> int | None:
-    """The row id of the live (ready) version ``name:vN``, or None: what a rebuild's restore
-    of export and signature rows attaches them to."""
+    """The row id of version ``name:vN`` if it is live or in the trash (restorable), or None:
+    what a rebuild's restore of export and signature rows attaches them to."""
     return s.scalar(select(VersionRow.id)
                     .join(ModelRow, ModelRow.id == VersionRow.model_id)
                     .where(ModelRow.name == name, VersionRow.version == version,
-                           VersionRow.state == READY))
+                           VersionRow.state.in_((READY, TRASHED))))

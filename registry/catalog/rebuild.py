@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from ..files import VersionFile, version_files
-from .models import DELETED, READY, AliasRow, ModelRow, VersionFileRow, VersionRow
+from .models import DELETED, READY, TRASHED, AliasRow, ModelRow, VersionFileRow, VersionRow
 
 
 def add_version_files(s: Session, version_id: int, files: Iterable[VersionFile]) -> None:
@@ -23,12 +23,15 @@ def add_version_files(s: Session, version_id: int, files: Iterable[VersionFile])
 
 
 def restore(s: Session, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
-            aliases: dict[str, dict[str, int]]) -> int:
+            aliases: dict[str, dict[str, int]],
+            governance: dict[str, dict[str, Any]] | None = None) -> int:
     """Replace every model, version, file and alias row with what ``manifests`` say.
 
     ``retired`` are the (name, version) pairs of deleted versions, kept as tombstones so their
-    numbers are never reused; an alias whose version is not live is dropped. Returns how many
-    versions were restored.
+    numbers are never reused; an alias whose version is not live is dropped. ``governance``
+    (by model name, as ``publish.stored_governance`` reads it) puts versions back in the trash
+    and restores holds, protected aliases and retention policies. Returns how many versions
+    were restored (live or in the trash).
     """
     now = datetime.now(timezone.utc)
     s.execute(delete(AliasRow))
@@ -73,6 +76,23 @@ def restore(s: Session, manifests: Iterable[dict[str, Any]], retired: Iterable[t
                 VersionRow.model_id == models[name].id, VersionRow.version == version,
                 VersionRow.state == READY))
             if live is not None:
+                protected = alias in (governance or {}).get(name, {}).get("protected", ())
                 s.add(AliasRow(model_id=models[name].id, alias=alias, version=version,
-                               updated_at=now))
+                               updated_at=now, protected=protected))
+    s.flush()
+    for name, facts in (governance or {}).items():
+        if name not in models:
+            continue
+        model = models[name]
+        if facts.get("retention") is not None:
+            model.retention = json.dumps(facts["retention"])
+        rows = {r.version: r for r in s.scalars(select(VersionRow).where(
+            VersionRow.model_id == model.id, VersionRow.state == READY)).all()}
+        for version, at in facts.get("trashed", {}).items():
+            if version in rows:
+                rows[version].state = TRASHED
+                rows[version].deleted_at = datetime.fromisoformat(at)
+        for version, hold in facts.get("holds", {}).items():
+            if int(version) in rows:
+                rows[int(version)].hold = json.dumps(hold)
     return count

@@ -17,14 +17,25 @@ from ..events import Event, current_actor
 from ..files import VersionFile
 from ..refs import MAX_TAGS, MAX_VERSION, Ref
 from . import lookup, rebuild
-from .aliases import Aliases
+from .aliases import Aliases, refuse_protected
 from .copies import StoreCopies
 from .db import READ_ONLY, ensure_schema, make_engine, mapped_errors
 from .events import EventLog, after_commit, append_event
 from .exports import ExportRows
+from .governance import GovernanceRows, refuse_held
 from .leases import Leases
 from .mirror import MirrorStates
-from .models import DELETED, PENDING, READY, AliasRow, ModelRow, VersionFileRow, VersionRow, aware
+from .models import (
+    DELETED,
+    PENDING,
+    READY,
+    TRASHED,
+    AliasRow,
+    ModelRow,
+    VersionFileRow,
+    VersionRow,
+    aware,
+)
 from .owners import BlobOwners
 from .pushes import Pushes
 from .rebuild import add_version_files
@@ -41,7 +52,7 @@ def _now() -> datetime:
 
 
 class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pushes,
-              BlobOwners, EventLog, Aliases):
+              BlobOwners, EventLog, Aliases, GovernanceRows):
     """The SQL catalog behind a registry. Construct with a URL; schema is checked on first use."""
 
     def __init__(self, url: str, *, auto_migrate: bool = False, engine: Engine | None = None):
@@ -157,8 +168,10 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         return model
 
     def commit(self, name: str, version: int, manifest: dict[str, Any],
-               tags: dict[str, str], aliases: Iterable[str]) -> VersionRecord:
-        """Make a reserved version visible, with its manifest, tags and aliases."""
+               tags: dict[str, str], aliases: Iterable[str], *,
+               force: bool = False) -> VersionRecord:
+        """Make a reserved version visible, with its manifest, tags and aliases (a protected
+        one only with ``force``)."""
         stored = json.dumps(manifest, sort_keys=True)
         with self.session() as s:
             # Lock the model row: concurrent commits that move the same alias would otherwise
@@ -168,6 +181,8 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             if done is not None:  # a retry of this very commit: its outcome, not an error
                 return done
             row = self._row(s, model, version, states=(PENDING,))
+            refuse_protected(s, model, list(aliases := list(aliases)), force=force,
+                             doing="moving")
             row.state = READY
             row.manifest = stored
             row.tags = json.dumps(tags, sort_keys=True)
@@ -287,14 +302,17 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
                                   "removed": sorted(k for k, v in tags.items() if v is None)})
             return self._record(s, model, row)
 
-    def delete_version(self, name: str, version: int, *,
-                       force: bool = False) -> VersionRecord:
-        """Turn the version into a tombstone: invisible, its number retired, aliases dropped.
-        A version aliases point at is refused unless ``force``: their consumers would break."""
+    def delete_version(self, name: str, version: int, *, force: bool = False,
+                       protected_ok: bool | None = None) -> VersionRecord:
+        """Move the version to the trash: invisible, its number retired, aliases dropped, its
+        files kept until gc purges it (catalog/governance.py). A version aliases point at is
+        refused unless ``force`` (their consumers would break), a protected alias's unless
+        ``protected_ok`` (default: ``force``), a held one always."""
         with self.session() as s:
             model = self._model(s, name, lock=True)  # serializes with publish and alias moves
             row = self._row(s, model, version)
             record = self._record(s, model, row)
+            refuse_held(name, row, "delete")
             if record.aliases and not force:
                 shown = ", ".join(f"{name}@{a}" for a in record.aliases)
                 one = len(record.aliases) == 1
@@ -304,14 +322,15 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
                     f" with NotFoundError. Move the alias first (registry alias {name} "
                     f"{record.aliases[0]} vN), or delete anyway with force=True "
                     f"(registry rm --force {name}:v{version})", aliases=record.aliases)
-            row.state = DELETED
+            refuse_protected(s, model, list(record.aliases), doing="deleting",
+                             force=force if protected_ok is None else protected_ok)
+            row.state = TRASHED
             row.deleted_at = _now()
-            s.execute(delete(VersionFileRow).where(VersionFileRow.version_id == row.id))
             s.execute(delete(AliasRow).where(AliasRow.model_id == model.id,
                                              AliasRow.version == version))
             actor = current_actor()
             append_event(s, kind="version.deleted", name=name, version=version, actor=actor,
-                         details={"digest": row.digest, "force": force})
+                         details={"digest": row.digest, "force": force, "trashed": True})
             for alias in record.aliases:  # dropped with it (only with force)
                 append_event(s, kind="alias.deleted", name=name, alias=alias, previous=version,
                              actor=actor, details={"reason": "version deleted"})
@@ -327,9 +346,9 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             rows = s.execute(select(VersionFileRow.digest, VersionRow.state,
                                     VersionRow.created_at)
                              .join(VersionRow, VersionRow.id == VersionFileRow.version_id)
-                             .where(VersionRow.state.in_((READY, PENDING)))).all()
+                             .where(VersionRow.state.in_((READY, PENDING, TRASHED)))).all()
             return {d for d, state, created in rows
-                    if state == READY or aware(created) >= cutoff}
+                    if state != PENDING or aware(created) >= cutoff}
 
     def pending_upload(self, digest: str) -> int | None:
         """The size a push in progress declared for blob ``digest``, or None if no push in
@@ -342,10 +361,11 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             return max(int(size) for size in sizes) if sizes else None
 
     def restore(self, manifests: Iterable[dict[str, Any]], retired: Iterable[tuple[str, int]],
-                aliases: dict[str, dict[str, int]]) -> int:
+                aliases: dict[str, dict[str, int]],
+                governance: dict[str, dict[str, Any]] | None = None) -> int:
         """Replace the catalog's contents with what the store holds (``registry db rebuild``)."""
         with self.session() as s:
-            return rebuild.restore(s, manifests, retired, aliases)
+            return rebuild.restore(s, manifests, retired, aliases, governance)
 
     def count_versions(self) -> int:
         with self.session() as s:
@@ -382,7 +402,9 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
         if row is None or row.state not in states:
             latest = s.scalar(select(func.max(VersionRow.version)).where(
                 VersionRow.model_id == model.id, VersionRow.state == READY))
-            why = " (it was deleted)" if row is not None and row.state == DELETED else ""
+            why = " (it was deleted)" if row is not None and row.state == DELETED else \
+                f" (it is in the trash: registry restore {model.name}:v{version})" \
+                if row is not None and row.state == TRASHED else ""
             raise NotFoundError(
                 f"{model.name}:v{version} not found{why}; "
                 + (f"latest is v{latest}" if latest else f"{model.name} has no versions")
@@ -414,7 +436,7 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
 
 
 def _taken_message(name: str, number: int, state: str, last: int) -> str:
-    if state == DELETED:
+    if state in (DELETED, TRASHED):
         return (f"{name}:v{number} was deleted and its number is retired; versions are never "
                 f"reused. Push without a version to get v{last + 1}")
     if state == PENDING:

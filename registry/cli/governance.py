@@ -1,4 +1,5 @@
-"""Commands on the event log: ``history`` (one model) and ``audit`` (every model)."""
+"""Governance commands: the event log (``history``, ``audit``), the trash (``restore``),
+holds (``hold``, ``release``) and retention policies (``retention``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import datetime
 import click
 
 from ..events import Event
+from ..governance import Trashed
 from ..refs import validate_alias, validate_name
 from ..versions import parse_since
 from ._context import emit_json_lines, open_versions
@@ -89,4 +91,75 @@ def audit(ctx: click.Context, since: str | None, as_json: bool) -> None:
         cursor = page[-1].id
 
 
-COMMANDS = [history, audit]
+def trash_table(trashed: list[Trashed]) -> str:
+    """``registry ls --trash``: one line per deleted version still restorable."""
+    rows = [("VERSION", "DIGEST", "DELETED", "RESTORABLE UNTIL", "HOW")]
+    rows += [(t.ref, t.digest[:19], t.deleted_at[:19].replace("T", " "),
+              t.restorable_until[:19].replace("T", " "), "expired" if t.expired else "deleted")
+             for t in trashed]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+@click.command()
+@click.argument("ref", metavar="NAME:vN")
+@click.pass_context
+def restore(ctx: click.Context, ref: str) -> None:
+    """Bring deleted version NAME:vN back from the trash (within REGISTRY_TRASH_DAYS of its
+    deletion; `registry ls --trash` lists them). Its aliases are not restored."""
+    mv = open_versions(ctx).restore_version(ref)
+    click.echo(f"restored {mv.ref}")
+
+
+@click.command()
+@click.argument("ref", metavar="NAME:vN")
+@click.option("--reason", required=True, help="Why (a case, an audit): shown to whoever is "
+              "refused.")
+@click.pass_context
+def hold(ctx: click.Context, ref: str, reason: str) -> None:
+    """Hold a version: nobody may delete, trash or expire it until `registry release`."""
+    mv = open_versions(ctx).hold(ref, reason)
+    click.echo(f"held {mv.ref}: {reason}")
+
+
+@click.command()
+@click.argument("ref", metavar="NAME:vN")
+@click.pass_context
+def release(ctx: click.Context, ref: str) -> None:
+    """Lift the hold on a version (through a server: admin scope)."""
+    mv = open_versions(ctx).release(ref)
+    click.echo(f"released {mv.ref}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--keep-last", type=click.IntRange(min=1), help="Keep at least the N newest.")
+@click.option("--max-age", help="Expire versions older than this (90d, 12w, 36h).")
+@click.option("--clear", is_flag=True, help="Drop the policy.")
+@click.pass_context
+def retention(ctx: click.Context, name: str, keep_last: int | None, max_age: str | None,
+              clear: bool) -> None:
+    """Set NAME's retention policy, applied by `registry gc`: a version that is not among the
+    --keep-last newest and older than --max-age goes to the trash (a version.expired event),
+    never one an alias points at, a held one or an adapter's base. Without options: show it."""
+    reg = open_versions(ctx)
+    if clear:
+        if keep_last is not None or max_age is not None:
+            raise click.UsageError("--clear takes no --keep-last or --max-age")
+        reg.set_retention(name)
+        click.echo(f"{name}: no retention policy")
+        return
+    if keep_last is not None or max_age is not None:
+        reg.set_retention(name, keep_last=keep_last, max_age=max_age)
+    policy = reg.governance(name).retention
+    if policy is None:
+        click.echo(f"{name}: no retention policy")
+        return
+    parts = ([f"keep the last {policy.keep_last}"] if policy.keep_last else []) + (
+        [f"expire after {policy.max_age.total_seconds() / 86400:g} days"]
+        if policy.max_age else [])
+    click.echo(f"{name}: {', '.join(parts)}")
+
+
+COMMANDS = [history, audit, restore, hold, release, retention]

@@ -20,6 +20,7 @@ from ._context import (
     open_versions,
 )
 from .exports import exports_table
+from .governance import trash_table
 from .signing import signatures_table
 
 
@@ -154,10 +155,19 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list, one compact object per version (show --json: all of it).")
+@click.option("--trash", is_flag=True,
+              help="List deleted versions still restorable (of NAME, or of every model).")
 @click.pass_context
-def ls(ctx: click.Context, name: str | None, as_json: bool) -> None:
-    """List models, or the versions of NAME."""
+def ls(ctx: click.Context, name: str | None, as_json: bool, trash: bool) -> None:
+    """List models, or the versions of NAME; --trash lists deleted versions instead."""
     reg = open_versions(ctx)
+    if trash:
+        trashed = reg.list_trash(name)
+        if as_json:
+            emit_json_lines([t.to_dict() for t in trashed])
+        elif trashed:
+            click.echo(trash_table(trashed))
+        return
     if name is None:
         latest = [reg.show(model) for model in reg.list_models()]
         if as_json:
@@ -210,24 +220,51 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("name")
-@click.argument("alias")
-@click.argument("version", required=False)
+@click.argument("args", nargs=-1, required=True, metavar="NAME@ALIAS [VERSION]")
 @click.option("--delete", is_flag=True, help="Remove the alias instead of setting it.")
+@click.option("--protect", is_flag=True,
+              help="Protect the alias: moving or deleting it then needs --force (embedded) or "
+                   "an admin token (server).")
+@click.option("--unprotect", is_flag=True, help="Lift the alias's protection.")
+@click.option("--force", is_flag=True, help="Move or delete a protected alias.")
 @click.pass_context
-def alias(ctx: click.Context, name: str, alias: str, version: str | None, delete: bool) -> None:
-    """Point NAME@ALIAS at VERSION (3 or v3); --delete removes the alias."""
+def alias(ctx: click.Context, args: tuple[str, ...], delete: bool, protect: bool,
+          unprotect: bool, force: bool) -> None:
+    """Point NAME@ALIAS at VERSION (3 or v3; also NAME ALIAS VERSION); --delete removes the
+    alias; --protect / --unprotect guard it."""
+    if "@" in args[0]:
+        name, _, alias_name = args[0].partition("@")
+        rest = args[1:]
+    elif len(args) >= 2:
+        name, alias_name, rest = args[0], args[1], args[2:]
+    else:
+        raise click.UsageError("give NAME@ALIAS (or NAME ALIAS), then VERSION")
+    if len(rest) > 1:
+        raise click.UsageError(f"unexpected extra arguments: {' '.join(rest[1:])}")
+    version = rest[0] if rest else None
     reg = open_versions(ctx)
+    if protect or unprotect:
+        if protect and unprotect or delete:
+            raise click.UsageError("pass one of --protect, --unprotect and --delete")
+        if version is not None:  # set it first, then protect it
+            mv = reg.set_alias(name, alias_name, version, force=force)
+            click.echo(f"{name}@{alias_name} -> {mv.ref}")
+        if protect:
+            reg.protect_alias(name, alias_name)
+        else:
+            reg.unprotect_alias(name, alias_name)
+        click.echo(f"{name}@{alias_name} is {'now' if protect else 'no longer'} protected")
+        return
     if delete:
         if version is not None:
             raise click.UsageError("--delete takes no VERSION")
-        reg.delete_alias(name, alias)
-        click.echo(f"deleted {name}@{alias}")
+        reg.delete_alias(name, alias_name, force=force)
+        click.echo(f"deleted {name}@{alias_name}")
         return
     if version is None:
-        raise click.UsageError("missing VERSION (or pass --delete)")
-    mv = reg.set_alias(name, alias, version)
-    click.echo(f"{name}@{alias} -> {mv.ref}")
+        raise click.UsageError("missing VERSION (or pass --delete, --protect or --unprotect)")
+    mv = reg.set_alias(name, alias_name, version, force=force)
+    click.echo(f"{name}@{alias_name} -> {mv.ref}")
 
 
 @click.command()
@@ -248,12 +285,14 @@ def tag(ctx: click.Context, ref: str, pairs: tuple[tuple[str, str], ...],
 @click.command()
 @click.argument("ref")
 @click.option("--force", is_flag=True,
-              help="Delete even if aliases point at the version (they are removed with it) or "
-                   "adapters name it as their base.")
+              help="Delete even if aliases (protected ones too) point at the version (they are "
+                   "removed with it) or adapters name it as their base.")
 @click.pass_context
 def rm(ctx: click.Context, ref: str, force: bool) -> None:
-    """Delete version REF (name:vN). Its number is never reused; `registry gc` frees the bytes.
-    A version that aliases point at, or that adapters name as their base, is kept unless --force."""
+    """Delete version REF (name:vN): it goes to the trash, `registry restore` brings it back
+    within REGISTRY_TRASH_DAYS, then `registry gc` purges it. Its number is never reused. A
+    version that aliases point at, or that adapters name as their base, is kept unless --force;
+    a held one always."""
     mv = open_versions(ctx).delete_version(ref, force=force)
     click.echo(f"deleted {mv.ref}" + (f" (and {', '.join('@' + a for a in mv.aliases)})"
                                        if mv.aliases else ""))
@@ -279,6 +318,12 @@ def gc(ctx: click.Context) -> None:
         click.echo(f"removed {report.temporary_files} temporary file(s) of crashed pushes and "
                    f"downloads ({human_bytes(report.temporary_bytes)}), dropped "
                    f"{report.stale_pushes} stale push reservation(s)")
+    if report.expired:
+        click.echo(f"moved {len(report.expired)} version(s) past their retention policy to the "
+                   f"trash: {', '.join(report.expired[:10])}")
+    if report.purged:
+        click.echo(f"purged {len(report.purged)} version(s) deleted more than REGISTRY_TRASH_DAYS "
+                   f"ago: {', '.join(report.purged[:10])}")
     if report.reconciled or report.orphan_manifests:
         click.echo(f"wrote {len(report.reconciled)} store copies the catalog was owed, removed "
                    f"{len(report.orphan_manifests)} manifest(s) of versions never committed")

@@ -11,6 +11,8 @@ A store (a directory, or ``s3://bucket/prefix``) holds::
     │   ├── v<N>.exports.json                  the version's export records
     │   └── v<N>.signatures.json               the version's signature records
     ├── aliases/<name>.json                    the model's alias table {alias: version}
+    ├── governance/<name>.json                 the model's protected aliases, holds, retention
+    │                                          policy and trashed versions (registry/governance.py)
     ├── events/<id, 20 digits>.json            one event of the log (registry/events.py),
     │                                          written once, never changed
     ├── checked/sha256/<hex>                   the server hashed this blob, uploaded straight to
@@ -42,6 +44,7 @@ BLOBS = "blobs/"
 MANIFESTS = "manifests/"
 ALIASES = "aliases/"
 EVENTS = "events/"
+GOVERNANCE = "governance/"
 CHECKED = "checked/sha256/"
 EXPORTS_PENDING = "exports-pending/sha256/"
 PROVED = "proved/sha256/"
@@ -57,6 +60,7 @@ SIGNATURES = ".signatures.json"
 _MANIFEST_KEY_RE = re.compile(rf"manifests/(?P<name>{NAME_PATTERN})/v(?P<version>[1-9][0-9]{{0,9}})"
                               r"(?P<suffix>(?:\.[a-z]+)+)")
 _ALIASES_KEY_RE = re.compile(rf"aliases/(?P<name>{NAME_PATTERN})\.json")
+_GOVERNANCE_KEY_RE = re.compile(rf"governance/(?P<name>{NAME_PATTERN})\.json")
 _EVENT_KEY_RE = re.compile(r"events/(?P<id>[0-9]{20})\.json")
 _EVENT_ID_DIGITS = 20  # 2**63 - 1 has 19: zero-padded, the keys list in id order
 _REBUILD_FIX = ("nothing was restored: remove or repair that object in the store, then run "
@@ -176,4 +180,22 @@ def parse_event_key(key: object) -> int:
     raise CheckpointError(
         f"store object {quoted(key)} is not events/<20-digit id>.json, so the registry did not "
         f"write it; {_REBUILD_FIX}"
+    )
+
+
+# -- governance ------------------------------------------------------------------------------
+
+def governance_key(name: str) -> str:
+    """A model's governance facts: ``governance/<name>.json``."""
+    return f"{GOVERNANCE}{name}.json"
+
+
+def parse_governance_key(key: object) -> str:
+    """The model name of a key ``governance/<name>.json``."""
+    if isinstance(key, str) and len(key) <= MAX_KEY_LENGTH and \
+            (match := _GOVERNANCE_KEY_RE.fullmatch(key)):
+        return match["name"]
+    raise CheckpointError(
+        f"store object {quoted(key)} is not governance/<name>.json with a valid model name, so "
+        f"the registry did not write it; {_REBUILD_FIX}"
     )

@@ -8,6 +8,7 @@
 - ``admin``: health, gc, the MLflow mirror's sync;
 - ``events``: a model's history and the audit log (the event log);
 - ``webhooks``: subscriptions, their test ping and deliveries (admin scope).
+- ``governance``: protected aliases, holds, retention policies, the trash.
 
 Each route reads what it needs from the app's state (``server.dependencies``).
 """

@@ -30,7 +30,8 @@ def gc(local: Backend, caller: Principal = admin) -> dict[str, Any]:
     return {"deleted": report.deleted, "freed_bytes": report.freed_bytes,
             "kept": report.kept, "stale_pushes": report.stale_pushes,
             "young": report.young, "temporary_files": report.temporary_files,
-            "temporary_bytes": report.temporary_bytes, "unknown": report.unknown}
+            "temporary_bytes": report.temporary_bytes, "unknown": report.unknown,
+            "expired": report.expired, "purged": report.purged}
 
 
 @router.post(API + "/mlflow/sync", tags=["admin"])

@@ -86,17 +86,20 @@ def resolve(ref: Annotated[str, Query(description="name, name:vN, name@alias, "
 
 @router.put("/models/{name}/aliases/{alias}", tags=["aliases"])
 def set_alias(name: str, alias: str, body: AliasTarget, local: Backend, changed: Changed,
-              _caller: Principal = write) -> dict[str, Any]:
+              caller: Principal = write) -> dict[str, Any]:
+    """Point an alias at a version; a protected alias moves for an admin token only (403)."""
     record = local.set_alias(validate_name(name), validate_alias(alias),
-                             validate_version(body.version))
+                             validate_version(body.version), force="admin" in caller.scopes)
     changed()
     return record_to_wire(record)
 
 
 @router.delete("/models/{name}/aliases/{alias}", tags=["aliases"], status_code=204)
 def delete_alias(name: str, alias: str, local: Backend, changed: Changed,
-                 _caller: Principal = write) -> Response:
-    local.delete_alias(validate_name(name), validate_alias(alias))
+                 caller: Principal = write) -> Response:
+    """Remove an alias; a protected one for an admin token only (403)."""
+    local.delete_alias(validate_name(name), validate_alias(alias),
+                       force="admin" in caller.scopes)
     changed()
     return Response(status_code=204)
 
@@ -119,7 +122,9 @@ def delete_version(name: str, version: str, local: Backend, changed: Changed,
     name, number = validate_name(name), validate_version(version)
     if not force:  # adapters over it keep their base (409, names them and `force`)
         refuse_deleting_a_base(local, name, number, shown=caller.may_see)
-    record = local.delete_version(name, number, force=force)
+    # To the trash; one a protected alias points at needs an admin token too, a held one no one.
+    record = local.delete_version(name, number, force=force,
+                                  protected_ok="admin" in caller.scopes)
     log.info("%s:v%d deleted by %s", name, number, caller)
     changed()
     return record_to_wire(record)
