@@ -46,7 +46,7 @@ from .mlflow_client import (
     remove_version,
     repair,
 )
-from .mlflow_view import export_records, signature_tag, view
+from .mlflow_view import export_records, governance_tags, signature_tag, view
 
 if TYPE_CHECKING:
     from .backends import LocalBackend
@@ -84,10 +84,13 @@ def tracking_uri_for(settings: Settings) -> str:
 
 
 def fingerprint(record: VersionRecord, tracking_uri: str,
-                exports: list[dict[str, Any]] | None = None, signatures: str = "") -> str:
+                exports: list[dict[str, Any]] | None = None, signatures: str = "",
+                governed: dict[str, str] | None = None) -> str:
     """What a mirror of ``record`` into ``tracking_uri`` looks like; changes force a re-mirror."""
     state: dict[str, Any] = {"uri": tracking_uri, "digest": record.digest, "tags": record.tags,
                              "aliases": sorted(record.aliases), "format": 2}
+    if governed:  # protection, a hold, the last alias change (mlflow_view.governance_tags)
+        state["governance"] = governed
     if exports:
         state["exports"] = sorted(f"{e['format']}:{e['digest']}" for e in exports)
     if signatures:
@@ -111,6 +114,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
         except NotFoundError:
             records = {}  # every version of the model was deleted
         busy = report.busy
+        marks = governance_tags(backend, name, records) if records else {}
         for _, version, state, synced in rows:
             if state == "pending":
                 report.busy += 1  # its push is still running: wait for it, to keep order
@@ -135,7 +139,7 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 continue
             formats = export_records(backend, name, version)
             signed = signature_tag(backend.signatures.listed(name, version))
-            wanted = fingerprint(record, tracking_uri, formats, signed)
+            wanted = fingerprint(record, tracking_uri, formats, signed, marks.get(version))
             if synced == wanted and not full:
                 report.unchanged += 1
                 continue
@@ -143,7 +147,8 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.busy += 1
                 break
             with _released(catalog, name, version, claim, synced), mapped_errors(tracking_uri):
-                mirror_version(client, record, *view(backend, record, formats, signed))
+                mirror_version(client, record, *view(backend, record, formats, signed,
+                                                     marks.get(version, {})))
             catalog.swap_mirror_state(name, version, claim, wanted)
             report.mirrored.append(f"{name}:v{version}")
         if full:
@@ -151,7 +156,8 @@ def sync(backend: LocalBackend, tracking_uri: str, *, full: bool = False) -> Syn
                 report.removed += remove_strays(client, name, set(records))
         if records and report.busy == busy:
             with mapped_errors(tracking_uri):
-                views = {v: view(backend, r) for v, r in records.items()}
+                views = {v: view(backend, r, governed=marks.get(v, {}))
+                         for v, r in records.items()}
                 report.repaired.update(repair(client, name, records, views))
     log.info("mlflow sync to %s: %d mirrored, %d removed, %d unchanged, %d repaired",
              tracking_uri, len(report.mirrored), len(report.removed), report.unchanged,

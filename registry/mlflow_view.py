@@ -50,18 +50,54 @@ class VersionView(NamedTuple):
 
 def view(backend: LocalBackend, record: VersionRecord,
          exports: list[dict[str, Any]] | None = None,
-         signed: str | None = None) -> VersionView:
+         signed: str | None = None, governed: dict[str, str] | None = None) -> VersionView:
     """How MLflow shows ``record`` (every sync, mirror and repair compares against this one
-    answer); ``exports`` and ``signed`` are read from ``backend`` when not given."""
+    answer); ``exports``, ``signed`` and ``governed`` are read from ``backend`` when not
+    given."""
     if exports is None:
         exports = export_records(backend, record.name, record.version)
     if signed is None:
         signed = signature_tag(backend.signatures.listed(record.name, record.version))
+    if governed is None:
+        governed = governance_tags(backend, record.name,
+                                   {record.version: record}).get(record.version, {})
     source = source_uri(backend, record)
     tags = version_tags(record, source, exports)
     if signed:
         tags["registry.signatures"] = signed
+    tags.update(governed)
     return VersionView(source, tags, describe(record, exports))
+
+
+def governance_tags(backend: LocalBackend,
+                    name: str, records: Mapping[int, VersionRecord]) -> dict[int, dict[str, str]]:
+    """The governance tags of each of ``records`` (versions of ``name``): its protected
+    aliases (``registry.protected_aliases``), its hold (``registry.hold``) and, for each alias
+    pointing at it, the last change of that alias (``registry.last_alias_change``: from which
+    version, by whom, when, from the event log)."""
+    state = backend.governance.state(name)
+    found: dict[int, dict[str, str]] = {}
+    for version, record in records.items():
+        tags: dict[str, str] = {}
+        protected = [a for a in record.aliases if a in state.protected]
+        if protected:
+            tags["registry.protected_aliases"] = ",".join(protected)
+        if version in state.holds:
+            hold = state.holds[version]
+            tags["registry.hold"] = f"{hold.reason} (by {hold.actor}, {hold.at[:19]})"[:5000]
+        changes = []
+        for alias in record.aliases:
+            # The newest alias.set among the alias's last events (protecting it is no move).
+            moves = [e for e in backend.audit.history(name, alias, limit=16)
+                     if e.kind == "alias.set"]
+            for e in moves[-1:]:
+                before = f"v{e.previous}" if e.previous is not None else "(none)"
+                changes.append(f"{alias}: {before} -> v{e.version} by {e.actor} at {e.at[:19]}")
+        if changes:
+            tags["registry.last_alias_change"] = "; ".join(changes)[:5000]
+        if tags:
+            found[version] = tags
+    return found
 
 
 def source_uri(backend: LocalBackend, record: VersionRecord) -> str:
