@@ -11,6 +11,7 @@ from pathlib import Path
 from . import (
     cuda,
     fanout,
+    governance,
     hub,
     local,
     oci,
@@ -51,6 +52,7 @@ GROUPS = [
     ((34, 35, 36), signing.signed_rows),
     ((37,), fanout.fanout),
     ((42,), webhooks.webhook_rows),
+    ((48,), governance.history_after_moves),
     ((50,), hub.hub_rows),
     ((51,), provenance.diff_rows),
 ]

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select, text
+from sqlalchemy import Connection, String, delete, func, select, text, type_coerce
 from sqlalchemy.orm import Session
 
 from ..errors import NotFoundError
@@ -58,9 +58,24 @@ def append_event(session: Session, *, kind: str, name: str, version: int | None 
 
 
 def _event(row: Any) -> Event:
-    return Event(id=int(row.id), at=iso(aware(row.at)), actor=row.actor, kind=row.kind,
-                 name=row.name, version=row.version, alias=row.alias, previous=row.previous,
-                 details=json.loads(row.details))
+    ident, at, actor, kind, name, version, alias, previous, details = row  # table order
+    if isinstance(at, str):  # SQLite's stored text (see _columns): UTC, microseconds always
+        at = at.replace(" ", "T", 1)
+        at = (at[:-7] if at.endswith(".000000") else at) + "+00:00"
+    else:
+        at = iso(aware(at))
+    return Event(id=int(ident), at=at, actor=actor, kind=kind, name=name, version=version,
+                 alias=alias, previous=previous,
+                 details={} if details == "{}" else json.loads(details))
+
+
+def _columns(conn: Connection) -> Any:
+    """The event table's columns to select; on SQLite ``at`` as the text SQLAlchemy stored
+    (``YYYY-MM-DD HH:MM:SS.ffffff``, always UTC here), which :func:`_event` turns into ISO-8601
+    without parsing a datetime per row (a third of reading a long history)."""
+    if conn.dialect.name != "sqlite":
+        return select(_events)
+    return select(*[type_coerce(c, String()) if c.name == "at" else c for c in _events.c])
 
 
 def after_commit(session: Session, sinks: Iterable[Callable[[list[Event]], object]]) -> None:
@@ -83,7 +98,7 @@ class EventLog:
         """Events of model ``name`` (of ``name@alias`` only, when given), oldest first; those
         at or after ``since`` and with an id above ``since_id``; the newest ``limit`` of them,
         or the oldest ``first`` (a server's page). NotFoundError if ``name`` never existed."""
-        query = select(_events).where(_events.c.name == name)
+        query = select(_events).where(_events.c.name == name)  # columns chosen below
         if alias is not None:
             query = query.where(_events.c.alias == alias)
         if since is not None:
@@ -95,7 +110,7 @@ class EventLog:
         if limit is not None or first is not None:
             query = query.limit(first if first is not None else limit)
         with self._snapshot() as conn:
-            rows = conn.execute(query).all()
+            rows = conn.execute(query.with_only_columns(*_columns(conn).selected_columns)).all()
             if not rows and conn.scalar(
                     select(ModelRow.id).where(ModelRow.name == name)) is None and \
                     conn.scalar(select(_events.c.id).where(_events.c.name == name)
@@ -114,6 +129,7 @@ class EventLog:
         if limit is not None:
             query = query.limit(limit)
         with self._snapshot() as conn:
+            query = query.with_only_columns(*_columns(conn).selected_columns)
             return [_event(r) for r in conn.execute(query).all()]
 
     def event_ids(self) -> Iterator[int]:
