@@ -275,3 +275,53 @@ def test_cli_history_and_audit(tmp_path: Path, home: Path) -> None:
     assert [json.loads(line) for line in lines] == [e.to_dict() for e in everything[3:]]
     missing = run_cli("history", "nope", env=env)
     assert missing.returncode != 0 and "'nope' not found" in missing.stderr
+
+
+def test_two_replicas_moving_one_alias_log_each_move_once_in_commit_order(
+        catalog_url: str, tmp_path: Path) -> None:
+    """Two `registry serve` processes on one catalog and one store, four clients moving the
+    same alias through both at once: one event per move, ids in commit order, each
+    ``previous`` the version the move before it set."""
+    home = tmp_path / "home"
+    env = {"REGISTRY_CATALOG_URL": catalog_url, "REGISTRY_STORE_URL": f"file://{tmp_path}/store"}
+    seeding = registry.Registry(catalog=catalog_url, store=env["REGISTRY_STORE_URL"])
+    try:
+        for i in range(3):
+            seeding.push({"w": torch.full((3,), float(i))}, "net")
+        start = len(seeding.events())
+    finally:
+        seeding.close()
+    with registry_server(home, tmp_path, env_extra=env) as one, \
+            registry_server(home, tmp_path, env_extra=env) as two:
+        errors: list[BaseException] = []
+
+        def mover(worker: int) -> None:
+            clients = [registry.Registry(one.url), registry.Registry(two.url)]
+            try:
+                for i in range(8):
+                    clients[(worker + i) % 2].set_alias("net", "prod", 1 + (worker + i) % 3)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                for c in clients:
+                    c.close()
+
+        threads = [threading.Thread(target=mover, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        reader = registry.Registry(two.url)
+        try:
+            moves = reader.events(since_id=None)[start:]
+            assert reader.show("net@prod").version == moves[-1].version
+        finally:
+            reader.close()
+    assert len(moves) == 32 and {e.kind for e in moves} == {"alias.set"}
+    assert [e.id for e in moves] == sorted({e.id for e in moves})
+    previous = None
+    for e in moves:
+        assert e.previous == previous
+        previous = e.version
+    assert {e.actor for e in moves} == {"anonymous"}  # an open loopback server's caller
