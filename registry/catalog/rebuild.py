@@ -30,8 +30,8 @@ def restore(s: Session, manifests: Iterable[dict[str, Any]], retired: Iterable[t
     ``retired`` are the (name, version) pairs of deleted versions, kept as tombstones so their
     numbers are never reused; an alias whose version is not live is dropped. ``governance``
     (by model name, as ``publish.stored_governance`` reads it) puts versions back in the trash
-    and restores holds, protected aliases and retention policies. Returns how many versions
-    were restored (live or in the trash).
+    and restores holds, protected aliases and retention policies. Returns how many live
+    versions were restored.
     """
     now = datetime.now(timezone.utc)
     s.execute(delete(AliasRow))
@@ -90,6 +90,7 @@ def restore(s: Session, manifests: Iterable[dict[str, Any]], retired: Iterable[t
             VersionRow.model_id == model.id, VersionRow.state == READY)).all()}
         for version, at in facts.get("trashed", {}).items():
             if version in rows:
+                count -= 1  # restored, but into the trash
                 rows[version].state = TRASHED
                 rows[version].deleted_at = datetime.fromisoformat(at)
         for version, hold in facts.get("holds", {}).items():

@@ -201,9 +201,10 @@ def test_exports_survive_db_rebuild_and_go_with_their_version(reg: Registry,
     monkeypatch.undo()
     # gc keeps the export's blob while its version lives, and reclaims it after.
     assert art.digest not in reg.gc().deleted
-    reg.delete_version("mlp:v1")
+    reg.delete_version("mlp:v1")  # to the trash, restorable with its exports
+    assert (home / "objects" / records.store_key("mlp", 1)).exists()
+    assert art.digest in reg.gc().deleted  # REGISTRY_TRASH_DAYS=0 here: purged, then freed
     assert not (home / "objects" / records.store_key("mlp", 1)).exists()
-    assert art.digest in reg.gc().deleted
 
 
 def test_module_level_verbs_run_on_the_default_registry() -> None:
