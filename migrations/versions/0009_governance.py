@@ -1,8 +1,8 @@
 """Governance facts: protected aliases, holds, retention policies, and the trash (a version
 state, ``trashed``, that needs no column: ``deleted_at`` says since when).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-28
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
