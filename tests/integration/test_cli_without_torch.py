@@ -1,5 +1,6 @@
-"""The catalog commands answer at once: ls, show, alias, tag, rm, gc, token, db and store never
-import torch (which costs seconds), and `ls --json` stays short."""
+"""The catalog commands answer at once: ls, show, alias, tag, rm, gc, token, db, store and the
+governance commands (history, audit, hold, release, retention, ls --trash) never import torch
+(which costs seconds), and `ls --json` stays short."""
 
 from __future__ import annotations
 
@@ -31,7 +32,16 @@ COMMANDS = [
     ["alias", "mlp", "production", "1"],
     ["alias", "mlp", "production", "--delete"],
     ["tag", "mlp:v1", "owner=vision", "--rm", "dataset"],
+    ["alias", "mlp@production", "1", "--protect"],
+    ["alias", "mlp@production", "--unprotect"],
+    ["hold", "mlp:v1", "--reason", "audit"],
+    ["release", "mlp:v1"],
+    ["retention", "mlp", "--keep-last", "5"],
+    ["history", "mlp"],
+    ["history", "mlp@production", "--json"],
+    ["audit", "--json"],
     ["rm", "mlp:v2"],
+    ["ls", "--trash"],
     ["gc"],
     ["token", "create", "ci", "--scopes", "read"],
     ["token", "revoke", "ci"],
