@@ -94,8 +94,10 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
             continue
         size = store.has(key) or 0
         store.delete(key)
+        store.delete(layout.checked_key(blob_digest(key)))  # its marker goes with it
         report.deleted.append(blob_digest(key))
         report.freed_bytes += size
+    _orphan_markers(store, keep, now, grace)
     if cache_blobs is not None and cache_blobs.is_dir():
         cache = BlobCache(cache_blobs.parent)
         for path in cache_blobs.glob("*/*"):
@@ -112,6 +114,23 @@ def collect(store: ObjectStore, referenced: Callable[[], set[str]], *, grace: ti
              "temporary files (%d bytes)", len(report.deleted), report.freed_bytes, report.kept,
              report.young, grace, report.temporary_files, report.temporary_bytes)
     return report
+
+
+def _orphan_markers(store: ObjectStore, keep: set[str], now: datetime,
+                    grace: timedelta) -> None:
+    """``checked/sha256/<hex>`` markers whose blob is gone (an older gc deleted the blob and
+    left its marker), past the grace: deleted."""
+    for key in list(store.list(layout.CHECKED)):
+        digest = "sha256:" + key.rpartition("/")[2]
+        try:
+            blob = layout.blob_key(digest)
+        except RefError:
+            continue  # not a marker name: left alone
+        if digest in keep or store.has(blob) is not None:
+            continue
+        modified = store.modified(key)
+        if modified is not None and now - modified >= grace:
+            store.delete(key)
 
 
 def orphan_manifests(store: ObjectStore,

@@ -182,11 +182,12 @@ def key_fingerprint(pem: bytes) -> str:
 
 def trusted_file(path: Path) -> tuple[str, bytes]:
     """(``sha256:<hex>``, bytes) of a trusted key or certificate file, read once per version of
-    the file (device, inode, size and mtime, taken from the descriptor that reads it): a pull
+    the file (device, inode, size, mtime and ctime, taken from the descriptor that reads it): a pull
     checks its trust anchors without reading each of them several times."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
-        identity = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        # ctime too: a file rewritten in place with the same size and mtime is another key.
+        identity = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         known = _TRUSTED_FILES.get(identity)
         if known is None:
             data = fh.read()
@@ -207,7 +208,7 @@ def key_signer(path: Path) -> str:
     return _FINGERPRINTS[digest]
 
 
-_TRUSTED_FILES: dict[tuple[str, int, int, int, int], tuple[str, bytes]] = {}
+_TRUSTED_FILES: dict[tuple[str, int, int, int, int, int], tuple[str, bytes]] = {}
 _FINGERPRINTS: dict[str, str] = {}
 
 
