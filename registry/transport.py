@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -130,7 +131,7 @@ class Transport:
         import httpx
 
         url, direct = target_url(self.url, target)
-        headers = dict(target.get("headers") or {})
+        headers = upload_headers(target.get("headers"), self.url)
         headers["Content-Length"] = str(size)
         with transfer(size, f"push {digest[7:19]}") as progress, open(blob, "rb") as fh:
 
@@ -237,6 +238,28 @@ def raise_for_error(response: Any, base: str) -> None:
     if len(message) > MAX_MESSAGE:  # a hostile server must not flood logs or terminals
         message = f"{message[:MAX_MESSAGE]}… (cut from {len(message)} characters)"
     raise error_class(code)(message)
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+
+
+def upload_headers(value: object, base: str) -> dict[str, str]:
+    """The headers a server's upload target asks for (a presigned PUT's), each name a token and
+    each value one a header can carry (no CR/LF): checked before httpx would raise on them."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or len(value) > 32:
+        raise RegistryError(f"registry server {base} answered upload headers that are not a "
+                            "map of at most 32 headers; is REGISTRY_URI a registry server?")
+    out: dict[str, str] = {}
+    for name, text in value.items():
+        why = why_not_header_value(text)
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name) or why is not None:
+            raise RegistryError(f"registry server {base} answered an upload header "
+                                f"{quoted(name, 80)} that cannot be sent ({why or 'bad name'}); "
+                                "nothing was uploaded")
+        out[name] = text
+    return out
 
 
 def upload_targets(value: object, ours: Mapping[str, object]) -> list[tuple[dict[str, Any], str]]:

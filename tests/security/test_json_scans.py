@@ -184,3 +184,13 @@ def test_a_server_answer_over_the_cap_is_cut_off(hostile: HostileServer,
     with pytest.raises(registry.RegistryError, match="more than"):
         hostile_client.show("seeded:v1")
 
+
+
+def test_upload_headers_from_a_server_answer_are_checked_before_use() -> None:
+    from registry.transport import upload_headers
+
+    assert upload_headers({"x-amz-checksum-sha256": "abc="}, "http://s") == {
+        "x-amz-checksum-sha256": "abc="}
+    for bad in ({"x-amz": "a\r\nX-Injected: 1"}, {"bad name": "v"}, {"x": 1}, ["x"]):
+        with pytest.raises(registry.RegistryError, match="registry server http://s"):
+            upload_headers(bad, "http://s")
