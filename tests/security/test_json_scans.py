@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -194,3 +195,26 @@ def test_upload_headers_from_a_server_answer_are_checked_before_use() -> None:
     for bad in ({"x-amz": "a\r\nX-Injected: 1"}, {"bad name": "v"}, {"x": 1}, ["x"]):
         with pytest.raises(registry.RegistryError, match="registry server http://s"):
             upload_headers(bad, "http://s")
+
+
+def test_a_freezing_stored_bundle_is_refused_under_require(home: Path, work: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("model_signing")
+    from tests.keys import ec_key_pair
+    from tests.security.test_signatures import _replace_bundle
+
+    key = ec_key_pair(work / "keys", "producer")
+    reg = registry.Registry(home=home)
+    reg.push(registry_model(), "mlp", sign_key=key.private)
+    reg.push(registry_model(), "mlp", sign_key=key.private)
+    _replace_bundle(home, 2, freezing(400_000).encode())
+    monkeypatch.setenv("REGISTRY_VERIFY", "require")
+    monkeypatch.setenv("REGISTRY_TRUSTED_KEYS", str(key.public))
+    answer = refusal("reg.pull_state_dict('mlp:v2', device='cpu')", home)
+    assert answer.startswith("SignatureError: ") and "not an OMS" in answer
+
+
+def registry_model() -> Any:
+    from tests.helpers import trained_mlp
+
+    return trained_mlp()
