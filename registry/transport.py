@@ -44,7 +44,7 @@ MAX_MESSAGE = 2000
 # The largest JSON answer read from a server (a listing of many versions, a manifest with its
 # signatures), and the largest error body: a hostile server cannot make the client hold more.
 MAX_ANSWER = 64 * 2**20
-MAX_ERROR_ANSWER = 1 * 2**20
+MAX_ERROR_ANSWER = 16 * 2**20
 
 
 class Transport:
