@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .models import DELETED, PENDING, READY, ModelRow, VersionRow, aware
+from .models import DELETED, PENDING, READY, TRASHED, ModelRow, VersionRow, aware
 
 CLAIM_PREFIX = "claim:"
 CLAIM_TTL_S = 600
@@ -47,7 +47,8 @@ class MirrorStates:
     session: Callable[[], AbstractContextManager[Session]]
 
     def mirror_states(self) -> list[tuple[str, int, str, str | None]]:
-        """(name, version, state, mlflow_synced) of every ready or deleted version, and of
+        """(name, version, state, mlflow_synced) of every ready, trashed (removed from MLflow
+        like a deleted one; a restore re-mirrors it) or deleted version, and of
         every push in progress younger than :data:`CLAIM_TTL_S`: the mirror creates a model's
         MLflow versions in number order, so it waits for those before going past them."""
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=CLAIM_TTL_S)
@@ -55,7 +56,8 @@ class MirrorStates:
             rows = s.execute(select(ModelRow.name, VersionRow.version, VersionRow.state,
                                     VersionRow.mlflow_synced, VersionRow.created_at)
                              .join(ModelRow, ModelRow.id == VersionRow.model_id)
-                             .where(VersionRow.state.in_((READY, DELETED, PENDING)))
+                             .where(VersionRow.state.in_((READY, DELETED, TRASHED,
+                                                          PENDING)))
                              .order_by(ModelRow.name, VersionRow.version)).all()
             return [(r[0], int(r[1]), r[2], r[3]) for r in rows
                     if r[2] != PENDING or aware(r[4]) >= cutoff]

@@ -295,7 +295,7 @@ def test_cli_governance_commands(home: Path, trash_week: None) -> None:
 
 
 def test_the_mlflow_mirror_shows_protection_holds_and_the_last_alias_change(
-        tmp_path: Path) -> None:
+        tmp_path: Path, trash_week: None) -> None:
     from mlflow import MlflowClient
 
     from registry.mirror_mlflow import sync
@@ -321,5 +321,11 @@ def test_the_mlflow_mirror_shows_protection_holds_and_the_last_alias_change(
         reg.release("net:v3")
         assert sync(reg.backend, uri).mirrored == ["net:v3"]  # type: ignore[arg-type]
         assert "registry.hold" not in client.get_model_version("net", "3").tags
+        # A trashed version leaves the view; restored, it comes back under its own number.
+        reg.delete_version("net:v3")
+        assert sync(reg.backend, uri).removed == ["net:v3"]  # type: ignore[arg-type]
+        reg.restore_version("net:v3")
+        assert sync(reg.backend, uri).mirrored == ["net:v3"]  # type: ignore[arg-type]
+        assert client.get_model_version("net", "3").tags["registry.ref"] == "net:v3"
     finally:
         reg.close()
