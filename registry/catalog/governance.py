@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, delete, select
 from sqlalchemy.orm import Session
 
 from ..errors import NotFoundError, RefError, VersionHeldError
@@ -48,6 +48,7 @@ class GovernanceRows:
     """Catalog methods of protected aliases, holds, retention and the trash."""
 
     session: Callable[[], AbstractContextManager[Session]]
+    _snapshot: Callable[[], AbstractContextManager[Connection]]
     _model: Callable[..., ModelRow]
     _row: Callable[..., VersionRow]
     _record: Callable[..., VersionRecord]
@@ -150,10 +151,14 @@ class GovernanceRows:
             return found
 
     def governance(self, name: str) -> ModelGovernance:
-        """``name``'s protected aliases, holds and retention policy."""
-        with self.session() as s:
-            model = self._model(s, name, live=False)
-            return _governance(s, model)
+        """``name``'s protected aliases, holds and retention policy, read in a snapshot that
+        takes no write lock (``show`` asks, and must not wait for a writer)."""
+        with self._snapshot() as conn:
+            s = Session(bind=conn)
+            try:
+                return _governance(s, self._model(s, name, live=False))
+            finally:
+                s.close()
 
     def governance_facts(self, s: Session, model: ModelRow) -> dict[str, Any]:
         """In session ``s``: what the store's ``governance/<name>.json`` holds for ``model``

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import PushKeyConflictError
 from ..files import VersionFile
-from .models import DELETED, PENDING, READY, ModelRow, VersionFileRow, VersionRow
+from .models import DELETED, PENDING, READY, TRASHED, ModelRow, VersionFileRow, VersionRow
 from .records import VersionRecord
 
 
@@ -73,7 +73,7 @@ class Pushes:
         if row is None:
             return None
         origin = f"{model.name}:v{row.version}"
-        if row.state == DELETED:
+        if row.state in (DELETED, TRASHED):
             raise PushKeyConflictError(
                 f"idempotency key {key!r} is the push of {origin}, which was deleted since; "
                 "push with a new key (or none) to make a new version")

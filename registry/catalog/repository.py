@@ -403,8 +403,8 @@ class Catalog(MirrorStates, StoreCopies, Leases, SignatureFiles, ExportRows, Pus
             latest = s.scalar(select(func.max(VersionRow.version)).where(
                 VersionRow.model_id == model.id, VersionRow.state == READY))
             why = " (it was deleted)" if row is not None and row.state == DELETED else \
-                f" (it was deleted; `registry restore {model.name}:v{version}` brings it back " \
-                "from the trash)" \
+                f" (it was deleted) but is in the trash: `registry restore " \
+                f"{model.name}:v{version}` brings it back" \
                 if row is not None and row.state == TRASHED else ""
             raise NotFoundError(
                 f"{model.name}:v{version} not found{why}; "

@@ -158,8 +158,9 @@ def test_deleted_version_is_reported_as_deleted(reg: Registry) -> None:
     reg.push({"w": torch.ones(1)}, "m")
     reg.push({"w": torch.ones(2)}, "m")
     reg.delete_version("m:v1")
-    with pytest.raises(NotFoundError, match=r"m:v1 not found \(it was deleted; `registry restore "
-                                            r"m:v1` brings it back from the trash\); latest is v2"):
+    with pytest.raises(NotFoundError, match=r"m:v1 not found \(it was deleted\) but is in the "
+                                            r"trash: `registry restore m:v1` brings it back; "
+                                            r"latest is v2"):
         reg.pull_state_dict("m:v1")
     reg.gc()  # REGISTRY_TRASH_DAYS=0 in tests: purged
     with pytest.raises(NotFoundError, match=r"m:v1 not found \(it was deleted\); latest is v2"):

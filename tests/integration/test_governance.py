@@ -91,7 +91,7 @@ def test_a_trashed_version_is_gone_until_restored(catalog_url: str, home: Path,
         _three(reg)
         digest = reg.show("net:v2").digest
         reg.delete_version("net:v2")
-        with pytest.raises(NotFoundError, match=r"was deleted; `registry restore net:v2` brings "):
+        with pytest.raises(NotFoundError, match=r"trash: `registry restore net:v2` brings it back"):
             reg.show("net:v2")
         assert [mv.version for mv in reg.list_versions("net")] == [1, 3]
         with pytest.raises(VersionExistsError):  # its number stays retired
