@@ -305,7 +305,7 @@ def diff(a: str | Ref, b: str | Ref) -> VersionDiff:
 
 
 def bom(ref: str | Ref, format: BomFormat = "cyclonedx") -> dict[str, Any]:
-    """The AI-BOM of ``ref`` (CycloneDX 1.6 JSON); see :meth:`Registry.bom`."""
+    """The AI-BOM of ``ref`` (CycloneDX 1.6 or SPDX 3.0.1 JSON); see :meth:`Registry.bom`."""
     return default_registry().bom(ref, format)
 
 

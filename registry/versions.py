@@ -138,13 +138,14 @@ class Versions:
         return lineage.graph(record, self._newest_first())
 
     def bom(self, ref: str | Ref, format: BomFormat = "cyclonedx") -> dict[str, Any]:
-        """The AI-BOM of ``ref`` as JSON: CycloneDX 1.6, the version a
+        """The AI-BOM of ``ref`` as JSON: CycloneDX 1.6 (``format="cyclonedx"``), the version a
         ``machine-learning-model`` with every file's SHA-256, its parents and datasets as
-        components (registry/provenance/bom.py). ``format="spdx"`` is refused (see there)."""
+        components; or SPDX 3.0.1 JSON-LD (``format="spdx"``) with the AI and Dataset
+        profiles: an ``ai_AIPackage`` containing its files, ``trainedOn`` each dataset's
+        ``dataset_DatasetPackage``, each parent ``ancestorOf`` it (registry/provenance/bom.py)."""
         chosen = bom.check_format(format)
         record = checked(self._backend.resolve(parse(ref)))
-        assert chosen == "cyclonedx"
-        return bom.cyclonedx(record.manifest, signatures=self._backend.signatures.listed(
+        return bom.document(record.manifest, chosen, signatures=self._backend.signatures.listed(
             record.name, record.version))
 
     def card(self, ref: str | Ref) -> str:

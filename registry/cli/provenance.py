@@ -106,20 +106,23 @@ def _num(value: float | None) -> str:
 @click.command()
 @click.argument("ref")
 @click.option("--format", "fmt", type=click.Choice(["cyclonedx", "spdx"]), default="cyclonedx",
-              show_default=True, help="BOM format (spdx: not offered, see the docs).")
+              show_default=True, help="BOM format: CycloneDX 1.6 JSON or SPDX 3.0.1 JSON-LD.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the BOM to this file instead of printing it.")
 @click.pass_context
 def bom(ctx: click.Context, ref: str, fmt: str, output: str | None) -> None:
     """The AI-BOM of REF: CycloneDX 1.6 JSON with the version as a machine-learning-model,
-    every file's SHA-256, its parents and datasets."""
+    every file's SHA-256, its parents and datasets; or SPDX 3.0.1 JSON-LD (AI and Dataset
+    profiles) with --format spdx."""
     document = open_versions(ctx).bom(ref, fmt)  # type: ignore[arg-type]
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         click.echo(text, nl=False)
         return
     safewrite.write_bytes(Path(output), text.encode())
-    click.echo(f"wrote {output} ({document['bomFormat']} {document['specVersion']})")
+    kind = (f"{document['bomFormat']} {document['specVersion']}" if fmt == "cyclonedx"
+            else f"SPDX {document['@graph'][0]['specVersion']}")
+    click.echo(f"wrote {output} ({kind})")
 
 
 @click.command()

@@ -1,5 +1,7 @@
-"""The AI-BOM (CycloneDX 1.6, checked by cyclonedx-python-lib's strict validator) and the model
-card of a version, computed from its signed manifest; the card as save_pretrained's README.md."""
+"""The AI-BOM (CycloneDX 1.6, checked by cyclonedx-python-lib's strict validator; SPDX 3.0.1,
+read back by spdx-python-model's JSON-LD deserializer and written again by its serializer) and
+the model card of a version, computed from its signed manifest; the card as save_pretrained's
+README.md."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 validation = pytest.importorskip("cyclonedx.validation.json")
 schema = pytest.importorskip("cyclonedx.schema")
+spdx3 = pytest.importorskip("spdx_python_model.bindings.v3_0_1")
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 DIGEST = "sha256:" + "5" * 64
@@ -84,10 +87,86 @@ def test_the_bom_of_a_signed_adapter_validates_and_names_base_datasets_and_files
     assert plain["metadata"]["component"]["modelCard"]["modelParameters"] == {
         "architectureFamily": "gpt2", "modelArchitecture": "transformers:GPT2LMHeadModel",
         "task": "text-generation"}
-    with pytest.raises(RefError, match="spdx"):
-        reg.bom(base.ref, "spdx")
     with pytest.raises(RefError, match="unknown BOM format"):
         reg.bom(base.ref, "xml")  # type: ignore[arg-type]
+
+
+def _spdx_objects(document: dict[str, object]) -> dict[str, object]:
+    """The document read by the SPDX 3.0.1 bindings (unknown types or properties and wrongly
+    typed values raise), every reference resolved, then written again (required properties are
+    checked on writing) and read back to the same graph; its elements by spdxId."""
+    objects = spdx3.SHACLObjectSet()
+    spdx3.JSONLDDeserializer().deserialize_data(json.loads(json.dumps(document)), objects)
+    assert objects.link() == set()  # no reference to an element the document lacks
+    again = spdx3.JSONLDSerializer().serialize_data(objects)
+    twice = spdx3.SHACLObjectSet()
+    spdx3.JSONLDDeserializer().deserialize_data(again, twice)
+    by_id = {o._id: o for o in objects.foreach() if getattr(o, "_id", None)}
+    assert by_id.keys() == {o._id for o in twice.foreach() if getattr(o, "_id", None)}
+    return by_id
+
+
+def test_the_spdx_bom_of_a_signed_adapter_reads_back_with_ai_and_dataset_profiles(
+        reg: registry.Registry, tmp_path: Path) -> None:
+    keys = ec_key_pair(tmp_path / "keys")
+    base = reg.push(_gpt(), "gpt")
+    lora = peft.get_peft_model(_gpt(), peft.LoraConfig(r=4, target_modules=["c_attn"],
+                                                       init_lora_weights=False))
+    adapter = reg.push(lora, "gpt-lora", base="gpt:v1", sign_key=keys.private, datasets=[
+        {"name": "wiki", "uri": "s3://data/wiki", "digest": DIGEST},
+        {"name": "chat", "uri": "https://example.com/chat.jsonl", "digest": "md5:" + "a" * 32}])
+    document = reg.bom(adapter.ref, "spdx")
+    assert document["@context"] == "https://spdx.org/rdf/3.0.1/spdx-context.jsonld"
+    by_id = _spdx_objects(document)
+    spdx_doc = next(o for o in by_id.values() if isinstance(o, spdx3.SpdxDocument))
+    assert {p.split("/")[-1] for p in spdx_doc.profileConformance} == \
+        {"core", "software", "ai", "dataset"}
+    (subject,) = spdx_doc.rootElement
+    assert isinstance(subject, spdx3.ai_AIPackage)
+    assert (subject.name, subject.software_packageVersion) == ("gpt-lora", "v1")
+    assert [(h.algorithm.split("/")[-1], h.hashValue) for h in subject.verifiedUsing] == \
+        [("sha256", adapter.digest[7:])]
+    assert list(subject.ai_typeOfModel) == ["LoRA adapter", "LoRA over gpt"]
+    hyper = {e.key: e.value for e in subject.ai_hyperparameter}
+    assert int(hyper["parameters"]) == adapter.metadata["source"]["params"]
+    assert hyper["quantization"] == "none"
+    assert "devices: cpu" in subject.ai_informationAboutTraining
+    assert list(subject.ai_domain) == []  # an adapter names no task
+
+    relations: dict[str, list[tuple[object, list[object]]]] = {}
+    for r in by_id.values():
+        if isinstance(r, spdx3.Relationship):
+            relations.setdefault(r.relationshipType.split("/")[-1], []).append(
+                (r.from_, list(r.to)))
+    ((holder, files),) = relations["contains"]
+    assert holder is subject and all(isinstance(f, spdx3.software_File) for f in files)
+    expected = adapter.metadata["files"] + adapter.metadata.get("attachments", [])
+    assert sorted(f.verifiedUsing[0].hashValue for f in files) == \
+        sorted(f["digest"][7:] for f in expected)
+    assert all(f.name and f.verifiedUsing[0].algorithm.endswith("sha256") for f in files)
+    ((trained, datasets),) = relations["trainedOn"]
+    assert trained is subject
+    assert all(isinstance(d, spdx3.dataset_DatasetPackage) for d in datasets)
+    by_name = {d.name: d for d in datasets}
+    assert by_name.keys() == {"wiki", "chat"}
+    assert by_name["wiki"].software_downloadLocation == "s3://data/wiki"
+    assert [h.hashValue for h in by_name["wiki"].verifiedUsing] == ["5" * 64]
+    assert list(by_name["chat"].verifiedUsing) == [] and "md5:" in by_name["chat"].comment
+    ((parent, children),) = relations["ancestorOf"]
+    assert children == [subject] and isinstance(parent, spdx3.ai_AIPackage)
+    assert (parent.name, parent.software_packageVersion, parent.verifiedUsing[0].hashValue) \
+        == ("gpt", "v1", base.digest[7:])
+    assert relations["dependsOn"] == [(subject, [parent])]  # an adapter loads over its base
+    notes = [a.statement for a in by_id.values() if isinstance(a, spdx3.Annotation)
+             and a.subject is subject]
+    signer = reg.show(adapter.ref).metadata["signatures"][0]["signer"]
+    assert any(n.startswith("torch-registry:signature=") and signer in n for n in notes)
+
+    plain = _spdx_objects(reg.bom(base.ref, "spdx"))
+    model = next(o for o in plain.values() if isinstance(o, spdx3.ai_AIPackage))
+    assert list(model.ai_typeOfModel) == ["gpt2", "transformers:GPT2LMHeadModel"]
+    assert list(model.ai_domain) == ["text-generation"]
+    assert not any(isinstance(o, spdx3.dataset_DatasetPackage) for o in plain.values())
 
 
 def test_the_card_front_matter_and_body(reg: registry.Registry, tmp_path: Path) -> None:
@@ -190,7 +269,13 @@ def test_cli_bom_and_card(home: Path, tmp_path: Path) -> None:
     _validate(json.loads(out.read_text()))
     printed = json.loads(run_cli("bom", "m", env=env, check=True).stdout)
     assert printed["metadata"]["component"]["name"] == "m"
-    refused = run_cli("bom", "m", "--format", "spdx", env=env)
-    assert refused.returncode == 2 and "spdx" in refused.stderr
+    spdx_out = tmp_path / "bom.spdx.json"
+    done = run_cli("bom", "m:v1", "--format", "spdx", "-o", str(spdx_out), env=env, check=True)
+    assert "SPDX 3.0.1" in done.stdout
+    objects = _spdx_objects(json.loads(spdx_out.read_text()))
+    (dataset,) = [o for o in objects.values() if isinstance(o, spdx3.dataset_DatasetPackage)]
+    assert (dataset.name, dataset.software_downloadLocation) == ("d", "s3://b/d")
+    refused = run_cli("bom", "m", "--format", "xml", env=env)
+    assert refused.returncode == 2 and "xml" in refused.stderr
     card = run_cli("card", "m:v1", env=env, check=True).stdout
     assert card.startswith("---\nlibrary_name: \"pytorch\"") and "dataset: d (s3://b/d)" in card

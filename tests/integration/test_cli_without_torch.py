@@ -28,6 +28,7 @@ COMMANDS = [
     ["lineage", "mlp:v2"],
     ["lineage", "mlp:v1", "--json"],
     ["bom", "mlp:v1"],
+    ["bom", "mlp:v2", "--format", "spdx"],
     ["card", "mlp:v1"],
     ["alias", "mlp", "production", "1"],
     ["alias", "mlp", "production", "--delete"],
