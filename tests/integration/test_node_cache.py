@@ -137,11 +137,14 @@ def test_a_killed_downloader_leaves_its_waiters_finishing(
     assert ("done", takeover[0]) in downloads
     assert [r["files"] for r in results] == [2, 2]  # the shard and config.json, each
     assert _blobs_held(cache)[shard[7:]] == shard  # the verified bytes, not the partial file
-    # The killed download's partial file is left; prune removes it (no lock holds it).
-    assert len(list(tmp.iterdir())) == 1
+    # The killed downloads' partial files are left (the shard's, and config.json's when the
+    # killed prefetch had begun that one too: its jobs run side by side); prune removes them
+    # (no lock holds them).
+    partials = list(tmp.iterdir())
+    assert 1 <= len(partials) <= 2, partials
     env = clean_env(home, REGISTRY_CACHE_DIR=str(cache))
     out = run_cli("cache", "prune", "--older-than", "1d", "--json", env=env, check=True)
-    assert json.loads(out.stdout)["temporary_files"] == 1
+    assert json.loads(out.stdout)["temporary_files"] == len(partials)
     assert not list(tmp.iterdir())
     assert _blobs_held(cache)[shard[7:]] == shard  # used just now: not older than a day
 

@@ -116,7 +116,8 @@ def test_only_listed_files_are_served(server: Service) -> None:
     listed = httpx.get(f"{server.url}/hf/api/models/seeded/tree/main",
                        params={"recursive": True}).json()
     names = sorted(e["path"] for e in listed if e["type"] == "file")
-    assert names == ["model.safetensors"]  # a plain module: its weights (no attached files)
+    # A plain module: its weights and its model card (README.md), no attached files.
+    assert names == ["README.md", "model.safetensors"]
     # A stored blob by digest, the manifest or the catalog is no file of the version.
     for other in (record.manifest["files"][0]["digest"], "manifest.json", "v1.json",
                   "model-00001-of-00001.safetensors", "model.safetensors.index.json"):
