@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from registry import AdapterError, Registry, adapterpatterns
-from tests.security.test_quantized_records import _gpt2, _tamper
 from tests.security.test_manifests import _manifest
+from tests.security.test_quantized_records import _gpt2, _tamper
 
 peft = pytest.importorskip("peft")
 pytest.importorskip("re2")
