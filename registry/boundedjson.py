@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 MAX_DEPTH = 64
@@ -75,3 +76,15 @@ def check_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
         brackets = inner
     if brackets:
         raise TooDeepError(f"JSON nested deeper than {max_depth} levels")
+
+
+def read_capped(pieces: Iterable[bytes], limit: int) -> bytes | None:
+    """The bytes of a streamed answer, read with ``limit`` applied while reading (never whole
+    first); None as soon as it holds more than ``limit`` bytes, for the caller to refuse in
+    its own terms."""
+    body = bytearray()
+    for piece in pieces:
+        body += piece
+        if len(body) > limit:
+            return None
+    return bytes(body)

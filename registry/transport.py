@@ -101,15 +101,13 @@ class Transport:
         try:  # the body read with its cap applied while reading, never whole first
             with self.client().stream(method, API + path, **kwargs) as streamed:
                 limit = MAX_ANSWER if streamed.status_code < 400 else MAX_ERROR_ANSWER
-                body = bytearray()
-                for piece in streamed.iter_bytes(CHUNK):
-                    body += piece
-                    if len(body) > limit:
-                        raise RegistryError(
-                            f"registry server {self.url} answered {method} {path} with more "
-                            f"than {limit} bytes (HTTP {streamed.status_code}); it was not read;"
-                            " is REGISTRY_URI a registry server?")
-            response = httpx.Response(streamed.status_code, content=bytes(body))
+                body = boundedjson.read_capped(streamed.iter_bytes(CHUNK), limit)
+                if body is None:
+                    raise RegistryError(
+                        f"registry server {self.url} answered {method} {path} with more "
+                        f"than {limit} bytes (HTTP {streamed.status_code}); it was not read;"
+                        " is REGISTRY_URI a registry server?")
+            response = httpx.Response(streamed.status_code, content=body)
         except httpx.TransportError as exc:
             raise ServerUnavailableError(
                 f"registry server {self.url} is unreachable ({type(exc).__name__}: {exc}); "

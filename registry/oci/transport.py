@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from ..boundedjson import read_capped
 from ..errors import NotFoundError, OciUnavailableError, quoted
 from ..settings import OciCredential
 from .auth import MAX_TOKEN_ANSWER, Authenticator
@@ -86,14 +87,12 @@ class OciClient:
             # Raw bytes, asked for uncompressed: a compressed answer is not decoded (no bomb).
             with self._http.stream("GET", realm, params=params,
                                    headers={**headers, "Accept-Encoding": "identity"}) as answer:
-                body = bytearray()
-                for piece in answer.iter_raw(READ_BYTES):
-                    body += piece
-                    if len(body) > MAX_TOKEN_ANSWER:
-                        raise OciUnavailableError(
-                            f"the token service {quoted(realm, 120)} of {self.ref.host} "
-                            f"answered more than {MAX_TOKEN_ANSWER} bytes; it was not read")
-                return httpx.Response(answer.status_code, content=bytes(body))
+                body = read_capped(answer.iter_raw(READ_BYTES), MAX_TOKEN_ANSWER)
+                if body is None:
+                    raise OciUnavailableError(
+                        f"the token service {quoted(realm, 120)} of {self.ref.host} "
+                        f"answered more than {MAX_TOKEN_ANSWER} bytes; it was not read")
+                return httpx.Response(answer.status_code, content=body)
         except httpx.HTTPError as exc:
             raise OciUnavailableError(f"the token service {quoted(realm, 120)} of "
                                       f"{self.ref.host} cannot be reached: {exc}") from None
