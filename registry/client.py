@@ -1,7 +1,6 @@
 """The Registry facade: the public calls of push, pull and export, on top of the catalog
-operations of ``versions.py``. It delegates: the pull pipeline is :mod:`registry.pipeline`, the
-manifest a push writes is :class:`registry.manifest.Draft`, exports are
-:mod:`registry.exports.service`."""
+operations of ``versions.py``. It delegates: the pull pipeline is :mod:`registry.pipelines.pull`,
+the manifest a push writes :class:`registry.manifest.Draft`, exports :mod:`registry.exports`."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import adapters, architectures, attachments, pipeline
+from . import adapters, architectures, attachments
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -29,6 +28,7 @@ from .manifest import ModelVersion
 from .normalize import dtype_name, factory_string, normalize
 from .oci import door as oci_door
 from .oci.results import OciPush
+from .pipelines import pull as pulling
 from .placement import DeviceMap, NoSplit
 from .pretrained import write_pretrained
 from .provenance import capture
@@ -168,7 +168,7 @@ class Registry(SignedVersions):
         return self._signed_push(model_version(result.record, push=result.report()),
                                  sign_key)
 
-    # -- pull: the pipeline lives in registry/pipeline.py ------------------------------------
+    # -- pull: the pipeline lives in registry/pipelines/pull.py ------------------------------
 
     def pull(
         self,
@@ -190,9 +190,9 @@ class Registry(SignedVersions):
         to the module's device and dtype and returns outputs where the inputs came from.
         An adapter version comes back on its base (a ``PeftModel``; merged with ``merge=True``).
         """
-        target = pipeline.Target(device, dtype, model, device_map, max_memory, no_split,
+        target = pulling.Target(device, dtype, model, device_map, max_memory, no_split,
                                  align_inputs)
-        return pipeline.pull(self._backend, self.settings, ref, target, merge=merge)
+        return pulling.pull(self._backend, self.settings, ref, target, merge=merge)
 
     def materialize_uri(self, uri: str, dest: str | os.PathLike[str], *,
                         format: uri_door.Format = "hf") -> list[Path]:
@@ -201,13 +201,13 @@ class Registry(SignedVersions):
         ref, fmt = uri_door.parse_uri(uri), uri_door.check_format(format)
         return uri_door.materialize(dest, lambda tmp: self.save_pretrained(ref, tmp)
                                     if fmt == "hf" else uri_door.write_weights(lambda: (
-                                        pipeline.opened_files(self._backend, self.settings,
+                                        pulling.opened_files(self._backend, self.settings,
                                                               ref)), tmp))
 
     def pull_files(self, ref: str | Ref, dest_dir: str | os.PathLike[str]) -> Path:
         """Write the files attached to ``ref`` (tokenizer, config...; ``oci://`` included)
         under ``dest_dir``, each fetched through the verified cache; returns ``dest_dir``."""
-        with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
+        with pulling.opened_files(self._backend, self.settings, ref) as (record, open_blob):
             return attachments.pull_files(record.manifest, open_blob, dest_dir)
 
     def save_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
@@ -219,20 +219,20 @@ class Registry(SignedVersions):
         the CPU in the base's stored dtype, or ``dtype``, and merged there by PEFT)."""
         if merge:
             return self._merged_pretrained(ref, dest_dir, dtype)
-        with pipeline.opened_files(self._backend, self.settings, ref) as (record, open_blob):
+        with pulling.opened_files(self._backend, self.settings, ref) as (record, open_blob):
             root = write_pretrained(record.manifest, open_blob, dest_dir, dtype,
                                     f"{record.name}:v{record.version}")
-        if pipeline.is_oci(ref):  # the store's signatures sign its own versions, not this one
+        if pulling.is_oci(ref):  # the store's signatures sign its own versions, not this one
             return root
         return self._signed_directory(record, dtype, root)
 
     def _merged_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
                            dtype: dev.DtypeRequest) -> Path:
-        if pipeline.is_oci(ref):
+        if pulling.is_oci(ref):
             raise AdapterError(f"merge=True merges an adapter version of this registry into its "
                                f"base; {ref} is an OCI artifact: import it first "
                                "(registry oci pull)")
-        record = pipeline.resolve(self._backend, self.settings, ref)
+        record = pulling.resolve(self._backend, self.settings, ref)
         origin = f"{record.name}:v{record.version}"
         if "adapter" not in record.manifest:
             raise AdapterError(f"{origin} is not an adapter version: merge=True merges an "
@@ -240,7 +240,7 @@ class Registry(SignedVersions):
                                "without merge")
         spec = adapters.check(record.manifest["adapter"], origin)
         base = Ref(spec["base"]["name"], digest=spec["base"]["digest"])
-        with pipeline.opened_files(self._backend, self.settings, base) as (stored, open_blob):
+        with pulling.opened_files(self._backend, self.settings, base) as (stored, open_blob):
             if "quantization" in stored.manifest:
                 raise AdapterError(
                     f"{origin}: its base {stored.name}:v{stored.version} is quantized, and a "
@@ -253,8 +253,8 @@ class Registry(SignedVersions):
                       if getattr(torch, t["dtype"]).is_floating_point}
             merge_dtype = dtype if dev.parse_dtype(dtype) is not None else (
                 floats.pop() if len(floats) == 1 else "float32")
-            merged = pipeline.pull(self._backend, self.settings, origin,
-                                   pipeline.Target(device="cpu", dtype=merge_dtype), merge=True)
+            merged = pulling.pull(self._backend, self.settings, origin,
+                                   pulling.Target(device="cpu", dtype=merge_dtype), merge=True)
             state = merged.state_dict()
             missing = sorted(set(stored.manifest["tensors"]) - state.keys())
             if missing:
@@ -268,7 +268,7 @@ class Registry(SignedVersions):
         """The version ``ref`` names, with its signatures (listed, not verified); an OCI
         artifact's (``oci://HOST/REPO:TAG``) too, read from its manifest and signature layers
         where this registry pushed it, normalized as a pull does where another producer did."""
-        if pipeline.is_oci(ref):
+        if pulling.is_oci(ref):
             record, listed = oci_door.described(str(ref), self.settings)
             return self._with_signatures(model_version(record), listed)
         return super().show(ref)
@@ -286,7 +286,7 @@ class Registry(SignedVersions):
     ) -> dict[str, Any]:
         """The weights of ``ref`` (plus stored non-tensor entries) on ``device`` and ``dtype``;
         ``ref`` may name an OCI artifact (``oci://HOST/REPO:TAG``), as for :meth:`pull`."""
-        return pipeline.pulled_state(self._backend, self.settings, ref, device, dtype)
+        return pulling.pulled_state(self._backend, self.settings, ref, device, dtype)
 
     def push_oci(self, ref: str | Ref, target: str, *, plain_http: bool = False) -> OciPush:
         """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack

@@ -52,9 +52,9 @@ def check_format(fmt: object) -> Format:
 
 def write_weights(opened: Callable[[], AbstractContextManager[tuple[VersionRecord, OpenBlob]]],
                   dest: Path) -> None:
-    """The shards of the version ``opened()`` opens (``pipeline.opened_files``) under Hugging
-    Face's names, byte for byte from the verified blobs, with ``model.safetensors.index.json``
-    when there are several."""
+    """The shards of the version ``opened()`` opens (``pipelines.pull.opened_files``) under
+    Hugging Face's names, byte for byte from the verified blobs, with
+    ``model.safetensors.index.json`` when there are several."""
     with opened() as (record, open_blob):
         manifest = record.manifest
         arch = manifest.get("architecture") or {}

@@ -2,9 +2,9 @@
 
 The facade's ``export`` / ``pull_export`` are thin calls of the functions here (listing the
 stored exports needs no torch: ``versions.py`` does it), with the registry's backend and
-settings; the module exported comes from the pull pipeline (:mod:`registry.pipeline`), not from
-the facade. The backend decides where the artifact goes (``local.py`` in-process, ``remote.py``
-to a server), and nothing here depends on which.
+settings; the module exported comes from the pull pipeline (:mod:`registry.pipelines.pull`),
+not from the facade. The backend decides where the artifact goes (``local.py`` in-process,
+``remote.py`` to a server), and nothing here depends on which.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from .. import pipeline, safewrite
+from .. import safewrite
 from ..backends import Backend
 from ..digests import hexdigest, sha256_file
 from ..errors import ExportError
+from ..pipelines import pull as pulling
 from ..refs import Ref, parse
 from ..settings import Settings
 from . import onnx, pt2, records, torchscript
@@ -74,7 +75,7 @@ def stored_or_made(backend: Backend, settings: Settings, ref: str | Ref, request
                 "format) to make another export")
         path = backend.blob_path(record["digest"], record["size"])
         return Artifact.from_record(origin, record, path, cached=True)
-    module = pipeline.pull(backend, settings, origin, pipeline.Target(
+    module = pulling.pull(backend, settings, origin, pulling.Target(
         device=request.device, dtype=request.dtype, model=model))
     staging = backend.staging_dir()
     fd, name = tempfile.mkstemp(dir=staging, prefix=".export-",

@@ -22,10 +22,11 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .. import adapters, pipeline
+from .. import adapters
 from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import VersionFile, weight_files
+from ..pipelines import pull as pulling
 from ..refs import Ref
 from ..settings import Settings
 from ..weights import load_shard
@@ -105,8 +106,8 @@ def between(backend: Backend, settings: Settings, a: str | Ref, b: str | Ref) ->
     """:func:`compare` of the versions ``a`` and ``b`` name, each resolved as a pull resolves
     it (checked, and passed by the signature policy) and read through ``backend``'s verified
     cache."""
-    ra, rb = (pipeline.resolve(backend, settings, r) for r in (a, b))
-    return compare(ra, rb, backend.open_blob, lambda r: pipeline.state_dict(
+    ra, rb = (pulling.resolve(backend, settings, r) for r in (a, b))
+    return compare(ra, rb, backend.open_blob, lambda r: pulling.state_dict(
         backend, settings, r, "cpu", "float32"))
 
 

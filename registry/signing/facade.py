@@ -1,6 +1,6 @@
 """The signing half of the Registry facade: ``sign``, ``verify`` and the hooks by which push,
 show and save_pretrained take part (a pull's signature policy is a stage of
-:mod:`registry.pipeline`; declared as a mixin so the facade stays one screen of
+:mod:`registry.pipelines.pull`; declared as a mixin so the facade stays one screen of
 calls). Every method is a thin call of :mod:`registry.signing.service` with the backend's
 signature store and the settings' policy."""
 

@@ -40,3 +40,16 @@ def test_verbs_take_the_facade_signatures() -> None:
         expected = list(method.parameters.values())[1:]  # without self
         assert list(verb.parameters.values()) == expected, name
         assert verb.return_annotation == method.return_annotation, name
+
+
+def test_the_verbs_push_and_pull_stay_functions_beside_the_pipelines() -> None:
+    # The pipelines live in registry/pipelines/, not registry/push or registry/pull: importing a
+    # submodule binds its name on the package and would replace the verb with a module.
+    import importlib
+    import importlib.util
+
+    importlib.import_module("registry.pipelines.pull")
+    for verb in ("push", "pull"):
+        assert importlib.util.find_spec(f"registry.{verb}") is None, verb
+        assert inspect.isfunction(getattr(registry, verb)), verb
+        assert getattr(registry, verb) is getattr(_api, verb), verb

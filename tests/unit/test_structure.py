@@ -287,7 +287,7 @@ def test_the_facade_only_delegates() -> None:
     """client.py is the Registry's calls into the pipelines, not a pipeline itself."""
     lines = _modules()[FACADE].read_text().count("\n")
     assert lines <= FACADE_MAX_LINES, f"{FACADE} has {lines} lines; move the work out of it"
-    assert "registry.pipeline" in graph(_sources())[FACADE]
+    assert "registry.pipelines.pull" in graph(_sources())[FACADE]
 
 
 def test_the_server_uses_only_public_names_of_the_library() -> None:

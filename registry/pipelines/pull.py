@@ -27,22 +27,22 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from . import adapters, architectures, cachedir, placement, prefault, quantized
-from . import devices as dev
-from . import materialize as mat
-from .backends import Backend
-from .catalog.records import VersionRecord
-from .files import weight_files
-from .oci.door import opened
-from .parallel import as_ready
-from .placement import DeviceMap, NoSplit
-from .prefetching import resolved
-from .record_check import checked
-from .refs import Ref, parse
-from .settings import Settings
-from .staging import Stagings
-from .statedict import ordered_state
-from .weights import DtypeFor, load_shard
+from .. import adapters, architectures, cachedir, placement, prefault, quantized
+from .. import devices as dev
+from .. import materialize as mat
+from ..backends import Backend
+from ..catalog.records import VersionRecord
+from ..files import weight_files
+from ..oci.door import opened
+from ..parallel import as_ready
+from ..placement import DeviceMap, NoSplit
+from ..prefetching import resolved
+from ..record_check import checked
+from ..refs import Ref, parse
+from ..settings import Settings
+from ..staging import Stagings
+from ..statedict import ordered_state
+from ..weights import DtypeFor, load_shard
 
 # An OCI pull's fetch: (digest, size) -> the path of the verified layer in the cache.
 Fetch = Callable[[str, int], Any]
