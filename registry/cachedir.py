@@ -7,6 +7,9 @@ Beside the layout of registry/cache.py, a pull or a prefetch writes down the ver
 
 so the listing can say which versions the blobs make up. The memo's mtime is the version's last
 use; a blob's last use is its lock file's mtime (touched by every open, registry/cache.py).
+The Hub door's derived revisions (``hub/<commit>/``, a dtype variant or a rewritten directory
+made by ``registry serve``: registry/doors/hubcache.py) are listed and pruned beside the blobs,
+by their last use too.
 
 What prune guarantees: a blob is removed only while its lock is held exclusively by prune,
 taken without waiting (``BlobCache.try_remove``). A pull holds that lock shared from before it
@@ -14,7 +17,10 @@ opens the blob until it closes the verified file, and a download holds it exclus
 being downloaded, verified or read is skipped (reported busy), never removed under its reader.
 A file a pull already mapped and closed may be removed: on Linux its mapping keeps the bytes
 until it is unmapped (the disk space comes back then). A partial download is removed only when
-no download holds its blob's lock (its process died).
+no download holds its blob's lock (its process died). A derived revision is removed only while
+its lock is held exclusively by prune, taken without waiting (never one being derived), renamed
+away in one step: a file the door has opened keeps its bytes, and a revision asked for after its
+removal is derived again.
 """
 
 from __future__ import annotations
@@ -36,10 +42,13 @@ from . import boundedjson
 from .cache import LOCK_SUFFIX, SIGNATURE_MEMOS, BlobCache
 from .catalog.records import VersionRecord
 from .digests import check_digest
+from .doors import hubcache
+from .doors.hubcache import DerivedRevision
 from .errors import RefError
 from .files import version_files
 
 VERSIONS = "versions"
+HUB = "hub"  # the Hub door's derived revisions
 MAX_VERSION_MEMO_BYTES = 4 * 2**20  # a memo lists a version's blobs: a few KB
 # A download's temporary file is named after its blob: 16 hex digits, a dash (registry/cache.py).
 _DOWNLOAD_PREFIX = re.compile(r"[0-9a-f]{16}")
@@ -75,10 +84,15 @@ class CacheListing:
     signature_memos: int
     signature_bytes: int
     temporary_bytes: int
+    hub_revisions: list[DerivedRevision] = field(default_factory=list)
+
+    @property
+    def hub_bytes(self) -> int:
+        return sum(r.bytes for r in self.hub_revisions)
 
     @property
     def total_bytes(self) -> int:
-        return self.blob_bytes + self.signature_bytes + self.temporary_bytes
+        return self.blob_bytes + self.signature_bytes + self.temporary_bytes + self.hub_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"root": str(self.root), "total_bytes": self.total_bytes,
@@ -90,7 +104,11 @@ class CacheListing:
                 "versions": [{"ref": v.ref, "digest": v.digest, "files": v.files,
                               "bytes": v.bytes, "held_files": v.held_files,
                               "held_bytes": v.held_bytes, "complete": v.complete,
-                              "last_used": v.last_used.isoformat()} for v in self.versions]}
+                              "last_used": v.last_used.isoformat()} for v in self.versions],
+                "hub_bytes": self.hub_bytes,
+                "hub_revisions": [{"commit": r.commit, "origin": r.origin, "files": r.files,
+                                   "bytes": r.bytes, "last_used": _utc(r.last_used).isoformat()}
+                                  for r in self.hub_revisions]}
 
 
 @dataclass
@@ -104,12 +122,17 @@ class PruneReport:
     signature_memos: int = 0
     temporary_files: int = 0
     remaining_bytes: int = 0
+    # Derived revisions of the Hub door removed (name:vN+dtype, or the commit), and those
+    # being derived now, skipped (their commits). Their bytes count in freed/remaining_bytes.
+    hub_revisions: list[str] = field(default_factory=list)
+    hub_busy: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"removed": self.removed, "freed_bytes": self.freed_bytes, "busy": self.busy,
                 "kept": self.kept, "signature_memos": self.signature_memos,
                 "temporary_files": self.temporary_files,
-                "remaining_bytes": self.remaining_bytes}
+                "remaining_bytes": self.remaining_bytes, "hub_revisions": self.hub_revisions,
+                "hub_busy": self.hub_busy}
 
 
 # -- version memos ---------------------------------------------------------------------------
@@ -206,22 +229,34 @@ def listing(cache_dir: Path) -> CacheListing:
     return CacheListing(cache_dir, sorted(versions, key=lambda v: v.ref), len(blobs),
                         sum(s for s, _ in blobs.values()), len(unlisted), sum(unlisted),
                         len(signatures), sum(st.st_size for _, st in signatures),
-                        sum(st.st_size for _, st in temporary))
+                        sum(st.st_size for _, st in temporary),
+                        hubcache.revisions(cache_dir / HUB))
+
+
+def _utc(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, timezone.utc)
 
 
 # -- prune -----------------------------------------------------------------------------------
 
 
-def prune(cache_dir: Path, *, keep: Iterable[str] = (), max_size: int | None = None,
-          older_than: timedelta | None = None, now: datetime | None = None) -> PruneReport:
-    """Remove blobs (never one in ``keep``, never one a pull uses now), signature memos and
-    dead temporary files: those unused for ``older_than``; then the least recently used until
-    the cache holds at most ``max_size`` bytes; with neither, everything not kept."""
+def prune(cache_dir: Path, *, keep: Iterable[str] = (), keep_versions: Iterable[str] = (),
+          max_size: int | None = None, older_than: timedelta | None = None,
+          now: datetime | None = None) -> PruneReport:
+    """Remove blobs (never one in ``keep``, never one a pull uses now), the Hub door's derived
+    revisions (never one of a version in ``keep_versions``, ``name:vN``; never one being
+    derived now), signature memos and dead temporary files: those unused for ``older_than``;
+    then the least recently used until the cache holds at most ``max_size`` bytes; with
+    neither, everything not kept."""
     cache = BlobCache(cache_dir)
     report = PruneReport()
     moment = (now or datetime.now(timezone.utc)).timestamp()
     keep = set(keep)
     blobs = _blobs(cache)
+    hub_dir = cache_dir / HUB
+    derived = {r.commit: r for r in hubcache.revisions(hub_dir)}
+    wanted = set(keep_versions)
+    spare = {c for c, r in derived.items() if f"{r.name}:v{r.version}" in wanted}
     report.kept = sum(1 for d in blobs if d in keep)
     signatures = sorted(_files_under(cache_dir / SIGNATURE_MEMOS),
                         key=lambda item: item[1].st_mtime)
@@ -240,24 +275,41 @@ def prune(cache_dir: Path, *, keep: Iterable[str] = (), max_size: int | None = N
         report.freed_bytes += freed
         del blobs[digest]
 
+    def drop(commit: str) -> None:
+        freed = hubcache.remove(hub_dir, commit)
+        if freed is None:
+            report.hub_busy.append(commit)
+            return
+        report.hub_revisions.append(derived[commit].origin or commit)
+        report.freed_bytes += freed
+        del derived[commit]
+
     # Least recently used first: what --max-size removes once --older-than has run.
     for digest, (_size, used) in sorted(blobs.items(), key=lambda item: item[1][1]):
         if digest not in keep and old(used):
             remove(digest)
+    for commit, rev in sorted(derived.items(), key=lambda item: item[1].last_used):
+        if commit not in spare and old(rev.last_used):
+            drop(commit)
     for path, st in list(signatures):
         if old(st.st_mtime):
             _unlink(path, report)
             signatures.remove((path, st))
-    report.temporary_files = _sweep_temporary(cache)
+    report.temporary_files = _sweep_temporary(cache) + hubcache.sweep(hub_dir)
     if max_size is not None:
-        size = sum(s for s, _ in blobs.values()) + sum(st.st_size for _, st in signatures)
-        lru = sorted(((used, d) for d, (_s, used) in blobs.items() if d not in keep))
-        for _used, digest in lru:
+        size = (sum(s for s, _ in blobs.values()) + sum(st.st_size for _, st in signatures)
+                + sum(r.bytes for r in derived.values()))
+        lru = sorted([(used, False, d) for d, (_s, used) in blobs.items() if d not in keep]
+                     + [(r.last_used, True, c) for c, r in derived.items() if c not in spare])
+        for _used, is_revision, key in lru:
             if size <= max_size:
                 break
-            held = blobs[digest][0]
-            remove(digest)
-            if digest not in blobs:
+            held, gone = (derived[key].bytes, derived) if is_revision else (blobs[key][0], blobs)
+            if is_revision:
+                drop(key)
+            else:
+                remove(key)
+            if key not in gone:
                 size -= held
         for path, st in signatures:  # the oldest checks first
             if size <= max_size:
@@ -266,7 +318,8 @@ def prune(cache_dir: Path, *, keep: Iterable[str] = (), max_size: int | None = N
             size -= st.st_size
     _drop_empty_version_memos(cache_dir, set(blobs))
     report.remaining_bytes = sum(s for s, _ in blobs.values()) + sum(
-        st.st_size for _, st in _files_under(cache_dir / SIGNATURE_MEMOS))
+        st.st_size for _, st in _files_under(cache_dir / SIGNATURE_MEMOS)) + sum(
+        r.bytes for r in derived.values())
     return report
 
 

@@ -330,15 +330,18 @@ class Versions:
 
     def prune_cache(self, *, keep: Iterable[str | Ref] = (), max_size: int | str | None = None,
                     older_than: str | timedelta | None = None) -> PruneReport:
-        """Remove cached blobs and signature memos: those unused for ``older_than``, then the
-        least recently used until the cache holds at most ``max_size``; with neither, all.
-        Blobs of ``keep`` (refs, resolved here) stay, and so does any blob a pull reads now."""
+        """Remove cached blobs, the Hub door's derived revisions and signature memos: those
+        unused for ``older_than``, then the least recently used until the cache holds at most
+        ``max_size``; with neither, all. What ``keep`` (refs, resolved here) needs stays, and
+        so does any blob a pull reads now and any revision being derived now."""
         kept: set[str] = set()
+        versions: set[str] = set()
         for ref in keep:
             record = self._backend.resolve(parse(ref))
             kept.update(f.digest for f in prefetching.blobs_of(record, files=True))
+            versions.add(f"{record.name}:v{record.version}")
         return cachedir.prune(
-            self.settings.cache_dir, keep=kept,
+            self.settings.cache_dir, keep=kept, keep_versions=versions,
             max_size=None if max_size is None else parse_size(max_size, "max_size"),
             older_than=None if older_than is None else parse_duration(older_than,
                                                                       "older_than"))

@@ -4,6 +4,8 @@ them imports torch."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import click
 
 from ..display import human_bytes
@@ -58,10 +60,16 @@ def cache_ls(ctx: click.Context, as_json: bool) -> None:
         state = "complete" if v.complete else f"{v.held_files} of {v.files} files"
         click.echo(f"{v.ref:<40} {human_bytes(v.held_bytes):>10}  {state:<16} "
                    f"last used {v.last_used:%Y-%m-%d %H:%M:%S}Z")
+    for r in found.hub_revisions:  # the Hub door's derived revisions (registry serve)
+        used = datetime.fromtimestamp(r.last_used, timezone.utc)
+        click.echo(f"{r.origin or r.commit:<40} {human_bytes(r.bytes):>10}  "
+                   f"{'hub ' + r.commit[:12]:<16} last used {used:%Y-%m-%d %H:%M:%S}Z")
     click.echo(f"{found.root}: {human_bytes(found.total_bytes)} in {found.blobs} blob(s) "
                f"({found.unlisted_blobs} in no listed version, "
                f"{human_bytes(found.unlisted_bytes)}), {found.signature_memos} signature "
                f"memo(s) ({human_bytes(found.signature_bytes)}), "
+               f"{len(found.hub_revisions)} derived Hub revision(s) "
+               f"({human_bytes(found.hub_bytes)}), "
                f"{human_bytes(found.temporary_bytes)} of downloads in progress or left")
 
 
@@ -74,8 +82,9 @@ def cache_ls(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def cache_prune(ctx: click.Context, keep: tuple[str, ...], max_size: str | None,
                 older_than: str | None, as_json: bool) -> None:
-    """Remove cached blobs and signature memos (all but --keep, without --max-size and
-    --older-than). A blob a pull or a download is using now is skipped, never removed."""
+    """Remove cached blobs, derived Hub revisions and signature memos (all but --keep, without
+    --max-size and --older-than). A blob a pull or a download is using now, or a revision being
+    derived now, is skipped, never removed."""
     report = open_versions(ctx).prune_cache(keep=keep, max_size=max_size,
                                             older_than=older_than)
     if as_json:
@@ -83,7 +92,9 @@ def cache_prune(ctx: click.Context, keep: tuple[str, ...], max_size: str | None,
         return
     click.echo(f"removed {len(report.removed)} blob(s), freed {human_bytes(report.freed_bytes)}"
                f"; kept {report.kept} of --keep; {len(report.busy)} in use by a pull, skipped; "
-               f"removed {report.signature_memos} signature memo(s) and "
+               f"removed {len(report.hub_revisions)} derived Hub revision(s) "
+               f"({len(report.hub_busy)} being derived, skipped), "
+               f"{report.signature_memos} signature memo(s) and "
                f"{report.temporary_files} temporary file(s); "
                f"{human_bytes(report.remaining_bytes)} left")
 

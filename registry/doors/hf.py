@@ -43,7 +43,7 @@ from ..pretrained_files import is_transformers, listing
 from ..refs import Ref, parse, validate_name
 from ..signing.oms import SIGNATURE_NAME
 from ..signing.records import manifest_digest
-from .hubcache import read_listing
+from .hubcache import read_listing, touch
 
 VARIANTS = ("float16", "bfloat16", "float32")
 MAX_REVISION_CHARS = 160
@@ -278,22 +278,36 @@ class HubDoor:
                 # until one is asked for.
                 from . import hfderive
 
-                hfderive.derive(record.manifest, self.open_blob, root, dtype,
-                                f"{record.name}:v{record.version}")
+                hfderive.derive(record.manifest, self.open_blob, root, dtype, record.name,
+                                record.version)
                 files = _read_derived(root)
         if files is None:
             raise NotFoundError(f"the derived files of {record.name}:v{record.version} vanished "
                                 f"from {root}; ask again")
         return files
 
-    def open(self, f: HubFile) -> BinaryIO | bytes:
-        """The bytes of ``f``: its data, or an open file holding them (the verified blob)."""
+    def open(self, rev: HubRevision, f: HubFile) -> BinaryIO | bytes:
+        """The bytes of ``rev``'s file ``f``: its data, or an open file holding them (the
+        verified blob, or the derived file). A derived revision removed since it was listed
+        (``registry cache prune``) is derived again, and its file served if it is the one
+        listed, byte for byte."""
         if f.data is not None:
             return f.data
         if f.blob is not None:
             return self.open_blob(f.blob.digest, f.blob.size)
         assert f.path is not None
-        return open(f.path, "rb")  # noqa: SIM115 - the response closes it
+        root = self.derived_dir / rev.commit
+        try:
+            fh = open(f.path, "rb")  # noqa: SIM115 - the response closes it
+        except FileNotFoundError:
+            self._kept.pop((rev.record.name, rev.record.version, rev.dtype), None)
+            again = self._derived(rev.record, rev.dtype, rev.commit).get(f.name)
+            if again is None or again.sha256 != f.sha256 or again.path is None:
+                raise NotFoundError(f"{f.name} of {rev.origin} changed while it was derived "
+                                    "again; ask again") from None
+            fh = open(again.path, "rb")  # noqa: SIM115
+        touch(root)
+        return fh
 
     # -- the Hub's JSON -------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ async def resolve(repo: str, revision: str, path: str, request: Request, door: H
     if request.method == "HEAD":
         return Response(status_code=200, headers={**headers, "Content-Length": str(f.size)},
                         media_type="application/octet-stream")
-    return await run_in_threadpool(_send, door, f, request.headers.get("range"), headers)
+    return await run_in_threadpool(_send, door, rev, f, request.headers.get("range"), headers)
 
 
 def _file_headers(rev: HubRevision, f: HubFile) -> dict[str, str]:
@@ -92,9 +92,9 @@ def _file_headers(rev: HubRevision, f: HubFile) -> dict[str, str]:
             "X-Linked-Size": str(f.size), "Accept-Ranges": "bytes"}
 
 
-def _send(door: HubDoor, f: HubFile, range_header: str | None,
+def _send(door: HubDoor, rev: HubRevision, f: HubFile, range_header: str | None,
           headers: dict[str, str]) -> Response:
-    opened = door.open(f)
+    opened = door.open(rev, f)
     if not isinstance(opened, bytes):
         return OpenFileResponse(opened, f.size, range_header=range_header, headers=headers)
     size = len(opened)

@@ -460,3 +460,59 @@ print(json.dumps({{"sha": HfApi().model_info("llama-int8").sha,
     with torch.no_grad():
         torch.testing.assert_close(torch.load(logits, weights_only=False),
                                    pulled(torch.arange(8).reshape(1, 8)).logits)
+
+
+def test_derived_revisions_are_listed_and_pruned_beside_readers(door: Door) -> None:
+    from registry.doors import hubcache
+
+    headers = {"authorization": f"Bearer {door.token}"}
+    url = f"{door.endpoint}/tinynet/resolve/v1%2Bfloat16/model.safetensors"
+    first = httpx.get(url, headers=headers)
+    assert first.status_code == 200
+    env = clean_env(door.home)
+    listed = json.loads(run_cli("cache", "ls", "--json", env=env, check=True).stdout)
+    revisions = {r["origin"]: r for r in listed["hub_revisions"]}
+    commit = revisions["tinynet:v1+float16"]["commit"]
+    folder = door.home / "cache" / "hub" / commit
+    assert revisions["tinynet:v1+float16"]["bytes"] == sum(
+        p.stat().st_size for p in folder.iterdir())
+    assert "hub " + commit[:12] in run_cli("cache", "ls", env=env, check=True).stdout
+
+    def prune(*args: str) -> dict[str, Any]:
+        return dict(json.loads(run_cli("cache", "prune", *args, "--json", env=env,
+                                       check=True).stdout))
+
+    assert "tinynet:v1+float16" not in prune("--keep", "tinynet:v1")["hub_revisions"]
+    assert folder.exists()
+    with hubcache.locked(folder.parent, commit):  # as while it is being derived
+        assert commit in prune()["hub_busy"]
+    assert folder.exists()
+    # A client's HEAD lists the revision; prune removes it before the GET: the GET is served
+    # the same bytes, derived again.
+    assert httpx.head(url, headers=headers).headers["etag"] == first.headers["etag"]
+    assert "tinynet:v1+float16" in prune()["hub_revisions"]
+    assert not folder.exists()
+    again = httpx.get(url, headers=headers)
+    assert again.status_code == 200 and again.headers["etag"] == first.headers["etag"]
+    assert again.content == first.content and folder.exists()
+
+
+def test_a_file_listed_before_its_revision_was_pruned_is_derived_again(door: Door,
+                                                                        tmp_path: Path) -> None:
+    from registry.doors import hubcache
+    from registry.doors.hf import HubDoor
+
+    local = door.reg.backend
+    hub = HubDoor(resolve=local.resolve, list_versions=local.list_versions,
+                  open_blob=local.open_blob, signature=lambda _m: None,
+                  cache_dir=tmp_path / "cache")
+    rev = hub.revision("tinynet", "v1+float16")
+    listed = rev.file("model.safetensors")
+    with open(listed.path or "", "rb") as fh:
+        before = fh.read()
+    assert hubcache.remove(hub.derived_dir, rev.commit)
+    opened = hub.open(rev, listed)  # the listing it holds names a file that is gone
+    assert not isinstance(opened, bytes)
+    with opened:
+        assert opened.read() == before
+    assert hashlib.sha256(before).hexdigest() == listed.sha256
