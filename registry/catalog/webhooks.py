@@ -7,6 +7,12 @@ by whichever delivery worker claims it. A claim is a lease: one conditional UPDA
 that saw the same row exactly one claims it (on SQLite and PostgreSQL alike), and a worker that
 died holding one lets it go when the lease ends. A delivery is claimable only when no earlier
 pending delivery of the same webhook and model exists: a model's events arrive in order.
+
+The worker runs beside pushes (a thread of ``registry serve``, sharing their SQLite write lock
+and the interpreter), so its statements are built once, run as Core on the session's
+connection (no ORM unit of work), and its write transactions hold the lock for a statement or
+two: the search for due deliveries reads a snapshot, the claim is one ``UPDATE ... RETURNING``,
+and the attempts a pass finished are recorded together.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from sqlalchemy import (
     String,
     Text,
     and_,
+    bindparam,
     delete,
     exists,
     func,
@@ -39,7 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, Session, aliased, mapped_column
 
 from ..errors import NotFoundError
-from ..webhooks.records import Attempt, Delivery, Webhook, event_model, matches
+from ..webhooks.records import Attempt, Delivery, Recorded, Webhook, event_model, matches
 from .models import Base, aware
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
@@ -113,6 +120,40 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# The outbox's statements, built once (building one costs more than running it on SQLite).
+_FREE = DeliveryRow.lease_until.is_(None) | (DeliveryRow.lease_until < bindparam("now"))
+_EARLIER = aliased(DeliveryRow)
+# Due: pending, its time come, its lease free, its webhook enabled, and no earlier pending
+# delivery of the same webhook and model (a model's events go in order).
+_DUE = (select(DeliveryRow.id, DeliveryRow.delivery_id, DeliveryRow.webhook_id, DeliveryRow.kind,
+               DeliveryRow.payload, DeliveryRow.created_at, WebhookRow.url, WebhookRow.secret)
+        .join(WebhookRow, WebhookRow.id == DeliveryRow.webhook_id)
+        .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at <= bindparam("now"),
+               _FREE, WebhookRow.enabled.is_(True),
+               ~exists().where(and_(_EARLIER.webhook_id == DeliveryRow.webhook_id,
+                                    _EARLIER.model == DeliveryRow.model,
+                                    _EARLIER.state == PENDING, _EARLIER.id < DeliveryRow.id)))
+        .order_by(DeliveryRow.id).limit(bindparam("limit")))
+_TAKE = (update(DeliveryRow)
+         .where(DeliveryRow.id.in_(bindparam("ids", expanding=True)),
+                DeliveryRow.state == PENDING, _FREE)
+         .values(lease_owner=bindparam("owner"), lease_until=bindparam("until")))
+_TAKE_RETURNING = _TAKE.returning(DeliveryRow.id, DeliveryRow.attempts)
+_TAKEN = (select(DeliveryRow.id, DeliveryRow.attempts)
+          .where(DeliveryRow.id.in_(bindparam("ids", expanding=True)),
+                 DeliveryRow.lease_owner == bindparam("owner")))
+_ATTEMPT = insert(AttemptRow)
+_RELEASE = (update(DeliveryRow)
+            .where(DeliveryRow.id == bindparam("pk"), DeliveryRow.lease_owner == bindparam("owner"))
+            .values(state=bindparam("state"), attempts=DeliveryRow.attempts + 1,
+                    lease_owner=None, lease_until=None,
+                    next_attempt_at=func.coalesce(bindparam("after", type_=DateTime(timezone=True)),
+                                                  DeliveryRow.next_attempt_at)))
+_SUBSCRIBED = select(WebhookRow.id, WebhookRow.events, WebhookRow.models) \
+    .where(WebhookRow.enabled.is_(True))
+_OUTBOX = insert(DeliveryRow)
+
+
 def new_id() -> str:
     return f"wh_{secrets.token_hex(8)}"
 
@@ -122,8 +163,8 @@ def enqueue(s: Session, event: Mapping[str, Any], *, at: datetime | None = None)
     the event matches; returns how many. ``event`` is the event as ``history`` returns it."""
     kind = str(event.get("kind", ""))
     model = event_model(event)
-    hooks = s.execute(select(WebhookRow.id, WebhookRow.events, WebhookRow.models)
-                      .where(WebhookRow.enabled.is_(True))).all()
+    conn = s.connection()
+    hooks = conn.execute(_SUBSCRIBED).all()
     when = at or _now()
     owed = [hook_id for hook_id, events, models in hooks
             if matches(json.loads(events), None if models is None else json.loads(models), kind,
@@ -132,7 +173,7 @@ def enqueue(s: Session, event: Mapping[str, Any], *, at: datetime | None = None)
         payload = json.dumps(dict(event), sort_keys=True, default=str)
         # One statement for all of them (no ORM unit of work): the cost a push pays for its
         # subscribers is this insert.
-        s.execute(insert(DeliveryRow), [
+        conn.execute(_OUTBOX, [
             {"delivery_id": f"dl_{secrets.token_hex(12)}", "webhook_id": hook_id, "kind": kind,
              "model": model or "", "payload": payload, "state": PENDING, "attempts": 0,
              "created_at": when, "next_attempt_at": when} for hook_id in owed])
@@ -184,11 +225,6 @@ class WebhookRows:
                 raise NotFoundError(f"webhook {webhook_id} not found; `registry webhook ls` "
                                     "lists the webhooks")
 
-    def disable(self, webhook_id: str, reason: str) -> None:
-        with self.session() as s:
-            s.execute(update(WebhookRow).where(WebhookRow.id == webhook_id)
-                      .values(enabled=False, disabled_reason=reason[:500]))
-
     # -- the outbox -----------------------------------------------------------------------
 
     def claim(self, worker: str, lease: timedelta, *, limit: int = 16,
@@ -196,51 +232,53 @@ class WebhookRows:
         """Take the lease of up to ``limit`` due deliveries (oldest first, at most one per
         webhook and model: the next of a model waits for the one before)."""
         now = now or _now()
-        earlier = aliased(DeliveryRow)
-        before = exists().where(and_(earlier.webhook_id == DeliveryRow.webhook_id,
-                                     earlier.model == DeliveryRow.model,
-                                     earlier.state == PENDING, earlier.id < DeliveryRow.id))
-        free = (DeliveryRow.lease_until.is_(None)) | (DeliveryRow.lease_until < now)
+        # Found in a snapshot, without the write lock: an idle worker's look never blocks a
+        # push. What it reads of a delivery (its event, its webhook's URL and secret) never
+        # changes; whether it is still free is for the UPDATE to say.
         with self.snapshot() as conn:
-            due = conn.execute(select(DeliveryRow.id)
-                            .join(WebhookRow, WebhookRow.id == DeliveryRow.webhook_id)
-                            .where(DeliveryRow.state == PENDING,
-                                   DeliveryRow.next_attempt_at <= now, free,
-                                   WebhookRow.enabled.is_(True), ~before)
-                            .order_by(DeliveryRow.id).limit(limit)).scalars().all()
+            due = conn.execute(_DUE, {"now": now, "limit": limit}).all()
         if not due:
             return []
-        # One transaction takes every free one of them, marked with this pass's own token, so
-        # the rows read back are exactly the ones this pass won.
+        # One statement takes every free one of them, marked with this pass's own token, so
+        # the rows it answers are exactly the ones this pass won.
         owner = f"{worker}.{secrets.token_hex(4)}"
+        params = {"ids": [row.id for row in due], "now": now, "owner": owner,
+                  "until": now + lease}
         with self.session() as s:
-            s.execute(update(DeliveryRow)
-                      .where(DeliveryRow.id.in_(due), DeliveryRow.state == PENDING, free)
-                      .values(lease_owner=owner, lease_until=now + lease))
-            rows = s.execute(select(DeliveryRow, WebhookRow)
-                             .join(WebhookRow, WebhookRow.id == DeliveryRow.webhook_id)
-                             .where(DeliveryRow.id.in_(due), DeliveryRow.lease_owner == owner)
-                             .order_by(DeliveryRow.id)).all()
-            return [Claimed(row.id, owner, row.delivery_id, hook.id, hook.url, hook.secret,
-                            row.kind, json.loads(row.payload), row.attempts,
-                            aware(row.created_at)) for row, hook in rows]
+            conn = s.connection()
+            if conn.dialect.update_returning:
+                taken = conn.execute(_TAKE_RETURNING, params).all()
+            else:
+                conn.execute(_TAKE, params)
+                taken = conn.execute(_TAKEN, params).all()
+        won = {pk: attempts for pk, attempts in taken}
+        return [Claimed(row.id, owner, row.delivery_id, row.webhook_id, row.url, row.secret,
+                        row.kind, json.loads(row.payload), won[row.id], aware(row.created_at))
+                for row in due if row.id in won]
 
-    def record(self, pk: int, owner: str, attempt: Attempt, *, state: str,
-               next_attempt_at: datetime | None) -> bool:
-        """Record an attempt of a claimed delivery and release its lease; False when the lease
-        was lost (expired and taken by another worker): the attempt is still recorded."""
+    def record(self, done: Iterable[Recorded]) -> list[bool]:
+        """Record attempts of claimed deliveries and release their leases, in one transaction;
+        for each, False when its lease was lost (expired and taken by another worker): the
+        attempt is still recorded."""
+        done = list(done)
+        if not done:
+            return []
+        kept = []
         with self.session() as s:
-            s.add(AttemptRow(delivery=pk, at=attempt.at, status=attempt.status,
-                             duration_ms=attempt.duration_ms, answer=attempt.answer,
-                             error=attempt.error))
-            values: dict[str, Any] = {"state": state, "attempts": DeliveryRow.attempts + 1,
-                                      "lease_owner": None, "lease_until": None}
-            if next_attempt_at is not None:
-                values["next_attempt_at"] = next_attempt_at
-            kept = s.execute(update(DeliveryRow).where(DeliveryRow.id == pk,
-                                                       DeliveryRow.lease_owner == owner)
-                             .values(**values))
-            return getattr(kept, "rowcount", 0) == 1
+            conn = s.connection()
+            conn.execute(_ATTEMPT, [
+                {"delivery": d.pk, "at": d.attempt.at, "status": d.attempt.status,
+                 "duration_ms": d.attempt.duration_ms, "answer": d.attempt.answer,
+                 "error": d.attempt.error} for d in done])
+            for d in done:
+                if d.disable is not None:
+                    conn.execute(update(WebhookRow).where(WebhookRow.id == d.disable[0])
+                                 .values(enabled=False, disabled_reason=d.disable[1][:500]))
+                released = conn.execute(_RELEASE, {"pk": d.pk, "owner": d.owner,
+                                                   "state": d.state,
+                                                   "after": d.next_attempt_at})
+                kept.append(getattr(released, "rowcount", 0) == 1)
+        return kept
 
     def record_test(self, webhook_id: str, kind: str, delivery_id: str,
                     payload: Mapping[str, Any], attempt: Attempt, *, delivered: bool) -> None:

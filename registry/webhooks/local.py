@@ -13,16 +13,16 @@ import logging
 import random
 import secrets
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServerUnavailableError, SettingsError
 from ..events import KINDS
-from ..parallel import concurrently
 from . import records
-from .records import Attempt, Delivery, Webhook
+from .records import Attempt, Delivery, Recorded, Webhook
 from .sealing import KEY_FILE, Sealer
 from .sender import TIMEOUT_S, Sender
 from .service import WebhookStore
@@ -151,19 +151,54 @@ class LocalWebhooks:
 
     # -- delivery -------------------------------------------------------------------------
 
-    def deliver(self, *, worker: str | None = None, limit: int = 32) -> DeliverReport:
-        """One pass: claim what is due (one per webhook and model) and send it."""
+    def deliver(self, *, worker: str | None = None, limit: int = 32,
+                pool: Executor | None = None) -> DeliverReport:
+        """One pass: claim what is due (one per webhook and model) and send it, side by side
+        on ``pool`` (a worker's own, kept between passes; else one made for this pass).
+        Attempts are recorded as they finish, those that finished together in one
+        transaction."""
         worker = worker or f"w-{uuid.uuid4().hex[:12]}"
         report = DeliverReport()
         claimed: list[Claimed] = self.rows.claim(worker, LEASE, limit=limit)
-        outcomes = concurrently(lambda c: self._attempt(c), claimed,
-                                workers=SEND_CONCURRENCY)
-        for claim, outcome in zip(claimed, outcomes, strict=True):
-            if outcome == "disabled":
-                report.disabled.append(claim.webhook_id)
-                outcome = "failed"
-            setattr(report, outcome, getattr(report, outcome) + 1)
+        for batch in self._sent(claimed, pool):
+            self.rows.record(done for done, _ in batch)
+            for done, outcome in batch:
+                if done.disable is not None:
+                    report.disabled.append(done.disable[0])
+                    log.warning("webhook %s disabled: its receiver answered 410 Gone",
+                                done.disable[0])
+                setattr(report, outcome, getattr(report, outcome) + 1)
         return report
+
+    def _sent(self, claimed: list[Claimed],
+              pool: Executor | None) -> Iterator[list[tuple[Recorded, str]]]:
+        """The attempts of ``claimed``, in batches as they finish. An error of the code (not of
+        a receiver: those are attempts) is raised once the others are recorded; its delivery's
+        lease runs out and it is tried again."""
+        if len(claimed) <= 1 or SEND_CONCURRENCY <= 1:
+            yield from ([self._attempt(c)] for c in claimed)
+            return
+        executor = pool or ThreadPoolExecutor(max_workers=min(SEND_CONCURRENCY, len(claimed)),
+                                              thread_name_prefix="webhook-send")
+        own = executor if pool is None else None
+        running: set[Future[tuple[Recorded, str]]] = {
+            executor.submit(self._attempt, c) for c in claimed}
+        error: BaseException | None = None
+        try:
+            while running:
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                batch = []
+                for future in finished:
+                    if future.exception() is None:
+                        batch.append(future.result())
+                    else:
+                        error = error or future.exception()
+                yield batch
+        finally:
+            if own is not None:
+                own.shutdown(wait=True)
+        if error is not None:
+            raise error
 
     def next_due(self) -> datetime | None:
         return self.rows.next_due()
@@ -175,7 +210,8 @@ class LocalWebhooks:
     def pending(self) -> int:
         return self.rows.pending()
 
-    def _attempt(self, claim: Claimed) -> str:
+    def _attempt(self, claim: Claimed) -> tuple[Recorded, str]:
+        """Send ``claim`` once: what to record of it, and the outcome for the report."""
         body = body_of(claim.payload, claim.webhook_id, claim.delivery_id)
         try:
             headers = signed_headers(self.sealer.open(claim.sealed_secret), claim.kind,
@@ -185,15 +221,13 @@ class LocalWebhooks:
             attempt = Attempt(now, None, 0, "", str(exc))
         else:
             attempt = self.sender.post(claim.url, body, headers)
-        status, after = attempt.status, None
+        status, after, disable = attempt.status, None, None
         if status is not None and 200 <= status < 300:
             outcome = "delivered"
         elif status == 410:
-            outcome = "disabled"
-            self.rows.disable(claim.webhook_id, f"the receiver answered 410 Gone at "
-                                                f"{attempt.at.isoformat()}")
-            log.warning("webhook %s disabled: its receiver answered 410 Gone",
-                        claim.webhook_id)
+            outcome = "failed"
+            disable = (claim.webhook_id,
+                       f"the receiver answered 410 Gone at {attempt.at.isoformat()}")
         else:
             after = attempt.at + backoff(claim.attempts + 1)
             outcome = "retrying"
@@ -202,5 +236,4 @@ class LocalWebhooks:
                 log.warning("webhook %s: delivery %s given up after %d attempts",
                             claim.webhook_id, claim.delivery_id, claim.attempts + 1)
         state = {"delivered": "delivered", "retrying": "pending"}.get(outcome, "failed")
-        self.rows.record(claim.pk, claim.owner, attempt, state=state, next_attempt_at=after)
-        return outcome
+        return Recorded(claim.pk, claim.owner, attempt, state, after, disable), outcome

@@ -73,6 +73,20 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """An attempt of a claimed delivery (catalog row ``pk``, lease ``owner``) as its worker
+    records it: the delivery's new state, when to try again (``pending`` only), and the
+    webhook to disable (410 Gone) with why."""
+
+    pk: int
+    owner: str
+    attempt: Attempt
+    state: str
+    next_attempt_at: datetime | None = None
+    disable: tuple[str, str] | None = None  # (webhook id, reason)
+
+
+@dataclass(frozen=True)
 class Delivery:
     """One event owed to one webhook: ``pending`` (queued or retrying), ``delivered`` (a 2xx),
     ``failed`` (retried for REGISTRY_WEBHOOK_RETRY_HOURS, or its webhook was disabled)."""

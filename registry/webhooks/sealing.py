@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 PREFIX = "fernet:"
 KEY_FILE = "webhook.key"
+# At most this many opened secrets are kept (one per webhook), so a server whose webhooks
+# come and go does not keep every secret it ever opened.
+_OPENED_KEPT = 1024
 
 
 class Sealer:
@@ -33,24 +36,32 @@ class Sealer:
     def __init__(self, key: str | None, path: Path) -> None:
         self.key = key
         self.path = path
+        # Secrets opened before, by sealed form: a delivery worker opens its webhooks' secrets
+        # once, not once per delivery (each costs a read of the key file and a decryption).
+        self._opened: dict[str, str] = {}
 
     def seal(self, secret: str) -> str:
         return PREFIX + self._fernet(create=True).encrypt(secret.encode("utf-8")).decode("ascii")
 
     def open(self, sealed: str) -> str:
         """The secret; SettingsError when this key did not seal it."""
+        if sealed in self._opened:
+            return self._opened[sealed]
         from cryptography.fernet import InvalidToken
 
         if not sealed.startswith(PREFIX):
             raise SettingsError("a webhook secret in the catalog is not sealed; remove the "
                                 "webhook and add it again")
         try:
-            return self._fernet(create=False).decrypt(sealed[len(PREFIX):].encode("ascii")) \
+            secret = self._fernet(create=False).decrypt(sealed[len(PREFIX):].encode("ascii")) \
                 .decode("utf-8")
         except InvalidToken:
             raise SettingsError(
                 f"webhook secrets were sealed with another key than {self._where()}; give "
                 "every replica the same REGISTRY_WEBHOOK_KEY (or webhook.key file)") from None
+        if len(self._opened) < _OPENED_KEPT:
+            self._opened[sealed] = secret
+        return secret
 
     def _where(self) -> str:
         return "REGISTRY_WEBHOOK_KEY" if self.key else str(self.path)

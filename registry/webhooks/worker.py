@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
-from .local import DeliverReport, LocalWebhooks
+from .local import SEND_CONCURRENCY, DeliverReport, LocalWebhooks
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +29,21 @@ def deliver_due(webhooks: LocalWebhooks, *, worker: str | None = None) -> Delive
     """Deliver everything due now (passes until one finds nothing to claim); retries due
     later stay queued."""
     total = DeliverReport()
-    while True:
-        report = webhooks.deliver(worker=worker)
-        if not report.attempted:
-            return total
-        total.delivered += report.delivered
-        total.retrying += report.retrying
-        total.failed += report.failed
-        total.disabled += report.disabled
+    with _senders() as pool:
+        while True:
+            report = webhooks.deliver(worker=worker, pool=pool)
+            if not report.attempted:
+                return total
+            total.delivered += report.delivered
+            total.retrying += report.retrying
+            total.failed += report.failed
+            total.disabled += report.disabled
+
+
+def _senders() -> ThreadPoolExecutor:
+    """The threads a worker sends on, kept from one pass to the next (starting them anew for
+    every pass cost more than the POSTs to a near receiver)."""
+    return ThreadPoolExecutor(max_workers=SEND_CONCURRENCY, thread_name_prefix="webhook-send")
 
 
 class DeliveryWorker:
@@ -65,6 +73,10 @@ class DeliveryWorker:
             self._thread.join(timeout=15)
 
     def run(self) -> None:
+        with _senders() as pool:
+            self._loop(pool)
+
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
         pruned_at = 0.0
         while not self._stop.is_set():
             pause = self.poll_s
@@ -72,7 +84,7 @@ class DeliveryWorker:
                 if time.monotonic() - pruned_at > PRUNE_EVERY_S:
                     self.webhooks.prune()
                     pruned_at = time.monotonic()
-                if self.webhooks.deliver(worker=self.worker).attempted:
+                if self.webhooks.deliver(worker=self.worker, pool=pool).attempted:
                     pause = 0.0
                 self.last_error = None
             except Exception as exc:  # the catalog is down: the outbox waits, nothing is lost
