@@ -2,13 +2,14 @@
 
 Shards are compared by digest first: a tensor whose shard has the same digest in both versions
 is unchanged and its bytes are never read. Every other shard is opened through the verified
-cache (``open_blob``) and memory-mapped; each pair of tensors is compared in float32 in chunks,
-so memory beyond the mapped pages stays around two of the largest tensor at worst. Per changed
+cache (``open_blob``) and memory-mapped; a tensor whose bytes are equal in both is unchanged
+after one ``memcmp``, any other is compared in float32 chunks by worker threads
+(:mod:`.deltas`), so memory beyond the mapped pages is a few 256 KiB buffers. Per changed
 tensor: the relative L2 norm of the change (``||b - a|| / ||a||``), the largest absolute
 difference and the fraction of elements that differ; per module (the key without its last
-part), the same rolled up. A quantized version is compared through its dequantized float32
-weights; an adapter version against its base reports each adapted module's effective change
-``B @ A * scaling`` against the base weight.
+part), the same over its changed tensors. A quantized version is compared through its
+dequantized float32 weights; an adapter version against its base reports each adapted
+module's effective change ``B @ A * scaling`` against the base weight.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ from ..pipelines import pull as pulling
 from ..refs import Ref
 from ..settings import Settings
 from ..weights import load_shard
+from . import deltas
+from .deltas import Sums
 
 Mode = Literal["weights", "dequantized", "adapter"]
 OpenBlob = Callable[[str, int], BinaryIO]
-# Elements compared at once: 64 Ki float32 (256 KiB) per side, whatever the tensor's size,
-# so the passes over a chunk after the first read it from the CPU's cache.
-CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,10 @@ def compare(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob,
 
 @contextmanager
 def _one_thread() -> Iterator[None]:
-    """torch's intra-op threads off while comparing: each pass is over a chunk in cache, too
-    short to share out, and waking a pool of threads for each one cost 10-100x the work on a
-    busy machine here (a 17 MB diff: 3-40 ms on one thread, 0.5-4.7 s on two)."""
+    """torch's intra-op threads off while comparing: the diff's own workers share out the
+    pieces (:mod:`.deltas`), and torch's only work is widening a 64 Ki-element chunk, too short
+    to share out: waking a pool of threads for each cost 10-100x the work on a busy machine
+    here (a 17 MB diff: 3-40 ms on one thread, 0.5-4.7 s on two)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -141,52 +142,7 @@ def _one_thread() -> Iterator[None]:
 
 # -- the comparison -------------------------------------------------------------------------
 
-@dataclass
-class _Sums:
-    """Running sums of one comparison (a tensor, or a module's tensors)."""
-
-    delta2: float = 0.0
-    base2: float = 0.0
-    max_abs: float = 0.0
-    differ: int = 0
-    numel: int = 0
-
-    def add(self, other: _Sums) -> None:
-        self.delta2 += other.delta2
-        self.base2 += other.base2
-        self.max_abs = max(self.max_abs, other.max_abs)
-        self.differ += other.differ
-        self.numel += other.numel
-
-    @property
-    def relative(self) -> float:
-        delta = math.sqrt(self.delta2)
-        if self.base2 == 0.0:
-            return 0.0 if delta == 0.0 else math.inf
-        return delta / math.sqrt(self.base2)
-
-
-def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> _Sums:
-    """Sums of ``b - a`` (same number of elements), chunk by chunk in float32: each chunk is
-    small enough to stay in the CPU's cache across the few passes made over it, and its sums
-    are added up in float64."""
-    sums = _Sums(numel=a.numel())
-    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    for start in range(0, sums.numel, CHUNK):
-        xa = flat_a[start:start + CHUNK].to(torch.float32)
-        xb = flat_b[start:start + CHUNK].to(torch.float32)
-        delta = xb - xa
-        sums.delta2 += float(torch.dot(delta, delta))
-        sums.base2 += float(torch.dot(xa, xa))
-        if delta.numel():
-            low, high = torch.aminmax(delta)
-            sums.max_abs = max(sums.max_abs, -float(low), float(high))
-        # Equal values subtract to 0; NaN or an infinity on either side counts as changed.
-        sums.differ += int(torch.count_nonzero(delta))
-    return sums
-
-
-def _change(key: str, a: torch.Tensor, b: torch.Tensor, sums: _Sums | None) -> TensorChange:
+def _change(key: str, a: torch.Tensor, b: torch.Tensor, sums: Sums | None) -> TensorChange:
     shapes = (list(a.shape), list(b.shape))
     dtypes = (str(a.dtype).removeprefix("torch."), str(b.dtype).removeprefix("torch."))
     if sums is None:
@@ -201,15 +157,19 @@ def module_of(key: str) -> str:
 
 
 class _Rollup:
+    """Per module: its tensors, how many changed, and the sums of the changed ones (so a
+    module's ``relative_l2`` is its changed tensors' ``||b - a|| / ||a||``, whichever shards
+    the unchanged ones lie in)."""
+
     def __init__(self) -> None:
-        self.sums: dict[str, _Sums] = defaultdict(_Sums)
+        self.sums: dict[str, Sums] = defaultdict(Sums)
         self.counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 
-    def add(self, key: str, sums: _Sums | None, changed: bool) -> None:
+    def add(self, key: str, sums: Sums | None, changed: bool) -> None:
         module = module_of(key)
         self.counts[module][0] += 1
         self.counts[module][1] += int(changed)
-        if sums is not None:
+        if sums is not None and changed:
             self.sums[module].add(sums)
 
     def modules(self) -> list[ModuleChange]:
@@ -233,27 +193,36 @@ def weights(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob) -> VersionD
     for key in common:
         if key not in reading:
             rollup.add(key, None, False)
-    read = 0
     with ExitStack() as stack:
         left = _mapped(a, {shard_a[k] for k in to_read}, open_blob, stack)
         right = _mapped(b, {shard_b[k] for k in to_read}, open_blob, stack)
+        unchanged += _tally([(k, left.tensor(k), right.tensor(k)) for k in to_read],
+                            rollup, changed)
         read = left.read + right.read
-        for key in to_read:
-            x, y = left.tensor(key), right.tensor(key)
-            if x.shape != y.shape:
-                changed.append(_change(key, x, y, None))
-                rollup.add(key, None, True)
-                continue
-            sums = compare_tensors(x, y)
-            is_changed = sums.differ > 0 or x.dtype != y.dtype
-            rollup.add(key, sums, is_changed)
-            if is_changed:
-                changed.append(_change(key, x, y, sums))
-            else:
-                unchanged += 1
     return VersionDiff(_ref(a), _ref(b), "weights", sorted(tb.keys() - ta.keys()),
                        sorted(ta.keys() - tb.keys()), changed, unchanged, rollup.modules(),
                        shared, read)
+
+
+def _tally(items: list[tuple[str, torch.Tensor, torch.Tensor]], rollup: _Rollup,
+           changed: list[TensorChange]) -> int:
+    """Compare each ``(key, a, b)``, add the changed ones to ``changed`` (in key order) and
+    ``rollup``; returns how many are unchanged."""
+    alike = [(k, x, y) for k, x, y in items if x.shape == y.shape]
+    found = [_change(k, x, y, None) for k, x, y in items if x.shape != y.shape]
+    for change in found:
+        rollup.add(change.key, None, True)
+    unchanged = 0
+    for (key, x, y), sums in zip(alike, deltas.compare([(x, y) for _, x, y in alike]),
+                                 strict=True):
+        is_changed = sums is not None and (sums.differ > 0 or x.dtype != y.dtype)
+        rollup.add(key, sums, is_changed)
+        if is_changed:
+            found.append(_change(key, x, y, sums))
+        else:
+            unchanged += 1
+    changed.extend(sorted(found, key=lambda c: c.key))
+    return unchanged
 
 
 def states(a: VersionRecord, b: VersionRecord, sa: Mapping[str, Any],
@@ -262,19 +231,8 @@ def states(a: VersionRecord, b: VersionRecord, sa: Mapping[str, Any],
     dtype-cast sibling)."""
     ka = {k for k, v in sa.items() if isinstance(v, torch.Tensor)}
     kb = {k for k, v in sb.items() if isinstance(v, torch.Tensor)}
-    rollup, changed, unchanged = _Rollup(), [], 0
-    for key in sorted(ka & kb):
-        x, y = sa[key], sb[key]
-        if x.shape != y.shape:
-            changed.append(_change(key, x, y, None))
-            rollup.add(key, None, True)
-            continue
-        sums = compare_tensors(x, y)
-        rollup.add(key, sums, sums.differ > 0)
-        if sums.differ:
-            changed.append(_change(key, x, y, sums))
-        else:
-            unchanged += 1
+    rollup, changed = _Rollup(), []
+    unchanged = _tally([(k, sa[k], sb[k]) for k in sorted(ka & kb)], rollup, changed)
     read = sum(f.size for r in (a, b) for f in weight_files(r.manifest))
     return VersionDiff(_ref(a), _ref(b), "dequantized", sorted(kb - ka), sorted(ka - kb),
                        changed, unchanged, rollup.modules(), 0, read)
@@ -305,8 +263,8 @@ def adapter_over_base(adapter: VersionRecord, base: VersionRecord, open_blob: Op
                 delta = delta.T
             if delta.shape != w.shape:
                 continue
-            zero = torch.zeros((), dtype=torch.float32).expand(w.shape)
-            sums = _with_base(compare_tensors(zero, delta), w)
+            sums = deltas.compare([(None, delta)])[0] or Sums(numel=delta.numel())
+            sums.base2 = deltas.norm2(w)
             rollup.add(weight_key, sums, sums.differ > 0)
             if sums.differ:
                 changed.append(TensorChange(
@@ -317,17 +275,6 @@ def adapter_over_base(adapter: VersionRecord, base: VersionRecord, open_blob: Op
     first, second = (adapter, base) if adapter_first else (base, adapter)
     return VersionDiff(_ref(first), _ref(second), "adapter", [], [], changed, 0,
                        rollup.modules(), 0, read)
-
-
-def _with_base(sums: _Sums, base: torch.Tensor) -> _Sums:
-    """``sums`` of a delta measured from zero, made relative to the base weight's norm."""
-    total = 0.0
-    flat = base.reshape(-1)
-    for start in range(0, flat.numel(), CHUNK):
-        total += float(torch.linalg.vector_norm(flat[start:start + CHUNK].to(torch.float32),
-                                                dtype=torch.float64)) ** 2
-    sums.base2 = total
-    return sums
 
 
 def _lora_pairs(tensors: Mapping[str, Any]) -> dict[str, tuple[str, str]]:

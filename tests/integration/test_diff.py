@@ -4,6 +4,7 @@ byte of a shard both versions hold is read."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,36 @@ def test_a_float_version_against_its_int8_sibling_compares_dequantized_float32(
     assert change.dtype == ("float32", "float32")
     assert 0 < change.relative_l2 < 0.02  # int8 rounding, not a different model
     assert change.relative_l2 == pytest.approx(float((b - a).norm() / a.norm()), rel=1e-5)
+
+
+def test_one_element_changed_equal_nan_kept_and_modules_roll_up_their_changed_tensors(
+        reg: registry.Registry) -> None:
+    """A change in a tensor's last element alone is found; a NaN stored alike in both is not a
+    change; a bfloat16 tensor is compared as stored; a module's norm is its changed tensors'."""
+    torch.manual_seed(0)
+    weight = torch.randn(600, 700)  # over one 128 Ki-element chunk
+    weight[0, 0] = float("nan")
+    base = {"layer.weight": weight, "layer.bias": torch.randn(600),
+            "half.weight": torch.randn(40, 30).to(torch.bfloat16),
+            "half.bias": torch.randn(40).to(torch.bfloat16)}
+    tuned = {k: v.clone() for k, v in base.items()}
+    tuned["layer.weight"][-1, -1] += 0.25
+    tuned["half.weight"][5] *= 2
+    va, vb = reg.push(base, "n"), reg.push(tuned, "n")
+    found = reg.diff(va.ref, vb.ref)
+    assert [c.key for c in found.changed] == ["half.weight", "layer.weight"]
+    assert found.unchanged == 2  # the biases: equal bytes in a shard that was read
+    layer = found.changed[1]
+    assert layer.fraction_changed == 1 / weight.numel()
+    assert layer.max_abs == pytest.approx(0.25, rel=1e-6)
+    assert layer.relative_l2 is not None and math.isnan(layer.relative_l2)  # ||a|| holds the NaN
+    half = found.changed[0]
+    a, b = base["half.weight"].double(), tuned["half.weight"].double()
+    assert half.dtype == ("bfloat16", "bfloat16")
+    assert half.relative_l2 == pytest.approx(float((b - a).norm() / a.norm()), rel=1e-5)
+    assert half.fraction_changed == pytest.approx(float((a != b).double().mean()))
+    modules = {m.module: m for m in found.modules}
+    assert (modules["layer"].tensors, modules["layer"].changed) == (2, 1)
+    assert (modules["half"].tensors, modules["half"].changed) == (2, 1)
+    assert modules["half"].relative_l2 == pytest.approx(half.relative_l2)  # not over its bias
+    assert json.loads(json.dumps(found.to_dict()))["changed"][1]["relative_l2"] is None
