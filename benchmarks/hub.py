@@ -6,8 +6,20 @@ from the same server's plain blob route, and the registry's own client through t
 
 The huggingface_hub client lives in one process of its own for the whole row (it reads
 HF_ENDPOINT at import), and is told over a pipe to download into a new cache: its import is
-not timed, as curl's start is (a few ms). All three read the blob the server verified once
-(the warm-up), from the page cache."""
+not timed, as curl's start is (a few ms). All read the blob the server verified once (the
+warm-up), from the page cache.
+
+A fourth figure splits the gap: the same client's own download loop
+(``huggingface_hub.file_download.http_get``, what ``hf_hub_download`` runs per file) fetching
+curl's URL into a file. ``snapshot_download`` over it is what the door's protocol costs
+(``model_info``, a HEAD per file, the card, the client's cache layout); curl over it is what
+the client's byte loop costs beside curl's (pure-Python HTTP through httpx and h11, 64 KiB
+reads re-assembled into 10 MiB chunks), which no server can change.
+
+The server and the client run with glibc's default (dynamic) mmap threshold, as a user's
+``registry serve`` and ``hf download`` do: the threshold the other rows pin at 128 KiB
+(helpers.pin_malloc_threshold, for in-process loads) would make every 10 MiB chunk of the
+client fresh pages, a cost the C curl does not have."""
 
 from __future__ import annotations
 
@@ -31,17 +43,30 @@ from .report import Row
 _CLIENT = """
 import sys
 from huggingface_hub import snapshot_download
+from huggingface_hub.file_download import http_get
 for line in sys.stdin:
-    path = snapshot_download("bench", cache_dir=line.strip())
+    kind, url, path = line.split()
+    if kind == "get":
+        with open(path, "wb") as fh:
+            http_get(url, fh)
+    else:
+        path = snapshot_download("bench", cache_dir=path)
     print(path, flush=True)
 """
+
+
+def _unpinned() -> dict[str, str]:
+    """This environment without the pinned mmap threshold (module docstring)."""
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    return env
 
 
 @contextlib.contextmanager
 def _server(home: Path, log: Path) -> Iterator[str]:
     port = services.free_port()
     exe = Path(sys.executable).with_name("registry")
-    env = {**os.environ, "REGISTRY_HOME": str(home)}
+    env = {**_unpinned(), "REGISTRY_HOME": str(home)}
     env.pop("REGISTRY_AUTH_FILE", None)
     env.pop("REGISTRY_URI", None)
     with open(log, "wb") as out:
@@ -74,7 +99,7 @@ def hub_rows(b: Bench) -> list[Row]:
     with _server(b.work / "home", b.work / "hub-serve.log") as url:
         client = subprocess.Popen(
             [sys.executable, "-c", _CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env={**os.environ, "HF_ENDPOINT": f"{url}/hf",
+            text=True, env={**_unpinned(), "HF_ENDPOINT": f"{url}/hf",
                             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"})
         ours = registry.Registry(url, home=b.work / "hub-client")
         assert client.stdin is not None and client.stdout is not None
@@ -84,16 +109,23 @@ def hub_rows(b: Bench) -> list[Row]:
             scratch.mkdir(parents=True, exist_ok=True)
             return scratch / f"run-{next(counter)}"
 
-        def hub() -> None:
-            stdin.write(f"{fresh()}\n")
+        blob_url = f"{url}/api/v1/blobs/{digest}"
+
+        def ask(kind: str, target: str) -> Path:
+            stdin.write(f"{kind} {target} {fresh()}\n")
             stdin.flush()
-            got = Path(stdout.readline().strip()) / "model.safetensors"
+            return Path(stdout.readline().strip())
+
+        def hub() -> None:
+            got = ask("snapshot", "bench") / "model.safetensors"
             assert got.stat().st_size == b.nbytes, got
+
+        def loop() -> None:
+            assert ask("get", blob_url).stat().st_size == b.nbytes
 
         def curl() -> None:
             out = fresh()
-            subprocess.run(["curl", "-sf", "-o", str(out), f"{url}/api/v1/blobs/{digest}"],
-                           check=True)
+            subprocess.run(["curl", "-sf", "-o", str(out), blob_url], check=True)
             assert out.stat().st_size == b.nbytes
 
         def materialize() -> None:
@@ -107,24 +139,29 @@ def hub_rows(b: Bench) -> list[Row]:
 
         try:
             t = interleaved({"hub": Case(hub, prepare=clean), "curl": Case(curl, prepare=clean),
+                             "loop": Case(loop, prepare=clean),
                              "pull": Case(materialize, prepare=clean)}, runs=b.runs)
         finally:
             stdin.close()
             client.wait(timeout=60)
             ours.close()
             clean()
-    h, c, p = t["hub"].median, t["curl"].median, t["pull"].median
+    h, c, p, g = t["hub"].median, t["curl"].median, t["pull"].median, t["loop"].median
     mb = b.nbytes / 1e6
     row.measured = (f"snapshot_download {duration(h)} ({mb / h:.0f} MB/s), curl {duration(c)} "
                     f"({mb / c:.0f} MB/s), registry materialize {duration(p)} "
-                    f"({mb / p:.0f} MB/s)")
+                    f"({mb / p:.0f} MB/s); the client's http_get of curl's URL {duration(g)}")
     row.ratio = f"{c / h:.2f}x curl"
     row.ok = c / h >= 0.9
     row.notes.append(
         f"Samples (s): snapshot_download {t['hub'].spread()}, curl {t['curl'].spread()}, "
-        f"registry materialize {t['pull'].spread()}. {mb:.0f} MB, one shard; server, clients "
-        "and page cache on one machine (loopback), the server's verification memo warm. The "
-        "registry's client hashes what it downloads into its cache before it writes DEST.")
+        f"http_get {t['loop'].spread()}, registry materialize {t['pull'].spread()}. "
+        f"snapshot_download takes {h / g:.2f}x the client's own download loop on curl's URL "
+        f"(the door's protocol), which takes {g / c:.2f}x curl (the client's byte loop). "
+        f"{mb:.0f} MB, one shard; server, clients and page cache on one machine (loopback), "
+        "the server's verification memo warm, glibc's default mmap threshold in the server "
+        "and the client. The registry's client hashes what it downloads into its cache "
+        "before it writes DEST.")
     return [row]
 
 
