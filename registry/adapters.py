@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from . import adapterpatterns, attachments, loracopies, peftreplay, prefault, quantized, safewrite
+from . import adapterpatterns, attachments, loracopies, peftreplay, prefault, safewrite
 from .devices import DtypeRequest, parse_dtype
 from .digests import version_digest
 from .errors import (
@@ -36,8 +36,8 @@ from .errors import (
     NotFoundError,
     quoted,
 )
+from .formats import table as formats
 from .metaparams import empty_parameters
-from .normalize import normalize
 from .refs import Ref
 from .weights import load_shard, safetensors_header, tensor_bytes, write_safetensors
 
@@ -146,12 +146,10 @@ def base_of(adapter: Captured, named: Any | None,
         check_targets(adapter.record, {k.rpartition(".")[0] for k in named.manifest["tensors"]},
                       f"{named.name}:v{named.version}")
         return named
-    state = base_tensors(adapter.base)
     # A quantized base (LoRA over torchao int8, as QLoRA trains): matched in its stored form,
-    # the components torchao's flatten gives, as its own push stored them.
-    flat = quantized.flatten(adapter.base, state)
-    return find_base(normalize(flat.state if flat is not None else state).tensors, versions(),
-                     type(adapter.base).__name__)
+    # the components its format's flatten gives, as its own push stored them.
+    stored = formats.stored_tensors(adapter.base, base_tensors(adapter.base))
+    return find_base(stored, versions(), type(adapter.base).__name__)
 
 
 def pull(record: Any, resolve: Callable[[Ref], Any], pull_base: Callable[[Any], nn.Module],

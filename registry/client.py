@@ -23,9 +23,9 @@ from .errors import AdapterError, RefError
 from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
-from .factories import warn_if_unpullable
+from .factories import factory_string, warn_if_unpullable
+from .formats import table as formats
 from .manifest import ModelVersion
-from .normalize import dtype_name, factory_string, normalize
 from .oci import door as oci_door
 from .oci.results import OciPush
 from .pipelines import pull as pulling
@@ -135,8 +135,8 @@ class Registry(SignedVersions):
         named = attachments.collect(model, files)
         if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
             architecture = attachments.transformers_architecture(Path(model)) or {}
-        weights = normalize(model, precision=precision, keep_in_fp32=prefixes,
-                            record_architecture=factory is None)
+        weights = formats.flatten(model, precision=precision, keep_in_fp32=prefixes,
+                                  record_architecture=factory is None)
         architecture = {**weights.architecture, **architecture}
         named = self._signed_source(model, named, weights.source)
         if target is None:
@@ -150,13 +150,12 @@ class Registry(SignedVersions):
             draft = mf.Draft(
                 name=target, created_at=datetime.now(timezone.utc).isoformat(),
                 shards=shards,
-                tensors={key: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                         for key, t in weights.tensors.items()},
+                tensors=weights.specs(),
                 tied_aliases=len(weights.tied), extras=weights.extras,
                 architecture=architecture, source=trail.source(
                     weights.source, target, shards, sections.get("adapter", {}).get("base")),
                 module_metadata=weights.module_metadata, key_order=weights.key_order,
-                tags=tag_map, quantization=weights.quantization, sections=sections,
+                tags=tag_map, quantization=weights.sections.get("quantization"), sections=sections,
                 attachments=attachments.manifest_entries(
                     [s for s in staged if s.file.role == "file"]))
             with self._signing_commit(sign_key):

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import ArchitectureUnknownError, UntrustedFactoryError, quoted
+from .errors import ArchitectureUnknownError, NormalizationError, UntrustedFactoryError, quoted
 
 _PUBLIC_ID = r"[A-Za-z][A-Za-z0-9_]*"
 # `__main__` (the user's script, `__main__:MyNet`) is the one module name with underscores.
@@ -201,3 +201,29 @@ def _caller_level() -> int:
 
 def _is_trusted(module_name: str, trusted_prefixes: tuple[str, ...]) -> bool:
     return any(module_name == p or module_name.startswith(p + ".") for p in trusted_prefixes)
+
+
+# What push records of a factory: any dotted module and callable (the rule above is pull's).
+_RECORDABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def factory_string(factory: object) -> str:
+    """``"package.module:callable"`` for a factory given as a string or as a callable."""
+    if isinstance(factory, str):
+        if not _RECORDABLE.fullmatch(factory):
+            raise NormalizationError(
+                f"invalid factory {factory!r}: use 'package.module:callable', e.g. "
+                "'torchvision.models:resnet18'"
+            )
+        return factory
+    if callable(factory):
+        module = getattr(factory, "__module__", None)
+        qualname = getattr(factory, "__qualname__", None)
+        if not module or not qualname or "<" in qualname:
+            raise NormalizationError(
+                f"factory {factory!r} cannot be recorded: it must be importable by name (a "
+                "top-level function or class, not a lambda or a local object)"
+            )
+        return f"{module}:{qualname}"
+    raise NormalizationError(f"factory must be a 'module:callable' string or a callable, "
+                             f"got {type(factory).__name__}")

@@ -20,7 +20,6 @@ into a folder that already holds ``model*.safetensors`` files replaces them, so 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -29,13 +28,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import adapters, attachments, quantized, safewrite
+from . import adapters, attachments, safewrite
 from . import devices as dev
-from .errors import ArchitectureUnknownError, QuantizationError
+from .errors import ArchitectureUnknownError
 from .files import VersionFile
-from .normalize import dtype_name
+from .formats import table as formats
+from .formats.common import dtype_name
 from .pretrained_files import listing, written_dtype
-from .schemes import COMPRESSED_TENSORS, TORCHAO, Checked
 from .weights import load_shard, write_safetensors
 
 # safetensors weights a previous write may have left: transformers loads a ``model.safetensors``
@@ -72,7 +71,7 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
     # A quantized version: its quantization_config, and the components with torchao's metadata.
-    quant_config, file_metadata = _quantized_parts(manifest, requested, origin)
+    quant_config, file_metadata = formats.lookup(manifest, origin).pretrained(requested)
     if quant_config is not None:
         config["quantization_config"] = quant_config
     files = listing(manifest, dtype=None if requested is None else dtype_name(requested),
@@ -124,35 +123,6 @@ def write_shards(manifest: Mapping[str, Any], open_blob: Callable[[str, int], Bi
             _write_shard(root / f.name, f.blob, open_blob, manifest["tensors"], dtype_of,
                          requested, origin)
     return root
-
-
-def _quantized_parts(manifest: Mapping[str, Any], requested: torch.dtype | None,
-                     origin: str) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
-    """The ``quantization_config`` and safetensors metadata a ``from_pretrained`` directory of
-    a quantized version needs ((None, None) for a float version): transformers' torchao loader
-    rebuilds the tensors from the metadata torchao's flatten wrote; compressed-tensors' packed
-    components are the checkpoint's own tensors, written as stored."""
-    scheme = quantized.scheme_of(manifest, origin)
-    if not isinstance(scheme, Checked):
-        return None, None
-    record = scheme.record
-    hf = record.get("hf_quantization_config")
-    if record["library"] == COMPRESSED_TENSORS:  # its components are the checkpoint's own
-        hf = record["config"]
-    elif record["library"] != TORCHAO or hf is None:
-        raise QuantizationError(
-            f"{origin} is quantized with {scheme.name} without a transformers "
-            "quantization_config, so transformers could not load it quantized; pull it with "
-            "registry.pull(), or push a model loaded with quantization_config=TorchAoConfig(...)")
-    if requested is not None:
-        raise QuantizationError(f"{origin} is quantized: a from_pretrained directory keeps its "
-                                "stored components; pass dtype='auto'")
-    if record["library"] == COMPRESSED_TENSORS:
-        return dict(hf), None
-    names = record["tensor_names"]
-    metadata = {"tensor_names": json.dumps(names),
-                **{n: json.dumps(record["config"].get(n, {"_type": "Tensor"})) for n in names}}
-    return dict(hf), metadata
 
 
 def _write_shard(target: Path, shard: VersionFile, open_blob: Callable[[str, int], BinaryIO],

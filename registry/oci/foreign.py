@@ -2,7 +2,7 @@
 registry manifest) as a checkpoint directory, and as a version a pull can materialize.
 
 An import pushes the checkout directory (the push normalizes it). A pull
-(``registry.pull("oci://...")``) normalizes it the same way (:func:`registry.normalize.normalize`
+(``registry.pull("oci://...")``) normalizes it the same way (:func:`registry.formats.table.flatten`
 and, for a ``save_pretrained`` directory, its ``config.json``), attaches its other files as
 that push would (``config.json``, tokenizer files, a model card: same names, same checks),
 writes the normalized shards and the attached files into the verified cache, and holds the
@@ -28,7 +28,7 @@ from ..catalog.records import VersionRecord
 from ..digests import hexdigest
 from ..errors import OciArtifactError, RefError, RegistryError
 from ..files import StagedFile, version_files
-from ..normalize import dtype_name, normalize
+from ..formats import table as formats
 from ..refs import validate_name
 from ..settings import Settings
 from ..signing.push import check_source
@@ -92,7 +92,7 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
                                                             settings.oci_max_unpacked))
     staged: list[StagedFile] = []
     try:
-        weights = normalize(directory)
+        weights = formats.flatten(directory)
         architecture = {**weights.architecture, **(transformers_architecture(directory) or {})}
         named, signed_files = check_source(directory, collect(directory, None), settings)
         staged = write_shards(weights.tensors, settings.shard_size, cache.tmp_dir())
@@ -116,8 +116,7 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
     manifest = mf.Draft(
         name=_name(artifact, repository), created_at=_created(artifact),
         shards=[s.file for s in staged if s.file.role == "weights"],
-        tensors={k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                 for k, t in weights.tensors.items()},
+        tensors=weights.specs(),
         tied_aliases=len(weights.tied), extras=weights.extras, architecture=architecture,
         source=source, module_metadata=weights.module_metadata, key_order=weights.key_order,
         tags={}, quantization=weights.quantization,

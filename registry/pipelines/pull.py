@@ -27,12 +27,13 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from .. import adapters, architectures, cachedir, placement, prefault, quantized
+from .. import adapters, architectures, cachedir, placement, prefault
 from .. import devices as dev
 from .. import materialize as mat
 from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import weight_files
+from ..formats import table as formats
 from ..oci.door import opened
 from ..parallel import as_ready
 from ..placement import DeviceMap, NoSplit
@@ -120,7 +121,7 @@ def module(backend: Backend, settings: Settings, record: VersionRecord, target: 
     requested = dev.parse_dtype(target.dtype)
     facts = dev.TorchFacts.probe()
     ref_text = f"{record.name}:v{record.version}"
-    scheme = quantized.scheme_of(manifest, ref_text)  # quantized.Plain for float versions
+    scheme = formats.lookup(manifest, ref_text)  # formats.common.Plain for float versions
     device = scheme.auto_device(target.device, facts)
     tied = dict(manifest["source"].get("tied", {}))
     stored = scheme.module_keys({*manifest["tensors"], *tied})
@@ -167,8 +168,8 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
         dev.check_dtype_runs(requested, target)
     policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
     tied = dict(manifest["source"].get("tied", {}))
-    # A quantized version: its library's tensors, or floats when dtype asks (quantized.py).
-    scheme = quantized.scheme_of(manifest, f"{record.name}:v{record.version}")
+    # A quantized version: its library's tensors, or floats when dtype asks (its format).
+    scheme = formats.lookup(manifest, f"{record.name}:v{record.version}")
     scheme.check_devices([target], facts, requested)
     state: dict[str, Any] = read(backend, settings, record, lambda _k: target,
                                  scheme.policy(policy), tied, fetch)

@@ -160,7 +160,7 @@ def test_pull_state_dict_gives_the_packed_state_or_floats_on_request(
     state = reg.pull_state_dict(mv.ref, device="cpu")
     _same(dict(state), packed)
     assert list(state.keys()) == list(packed.keys())
-    with caplog.at_level(logging.INFO, logger="registry.ctensors"):
+    with caplog.at_level(logging.INFO, logger="registry.formats.ctensors"):
         floats = reg.pull_state_dict(mv.ref, device="cpu", dtype="float32")
     assert "dequantizing compressed-tensors pack-quantized to float32" in caplog.text
     plain = transformers.LlamaForCausalLM(_config()).eval()

@@ -222,7 +222,7 @@ def test_asking_for_floats_dequantizes_on_load_and_says_so(
         reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
     for pushed, name in ((_dynamic(), "dq"), (_torchao(Int8WeightOnlyConfig()), "i8")):
         reg.push(pushed, name)
-        with caplog.at_level(logging.INFO, logger="registry.quantized"):
+        with caplog.at_level(logging.INFO, logger="registry.formats"):
             pulled = reg.pull(name, device="cpu", dtype="bfloat16", model=_float)
         assert f"{name}:v1: dequantizing" in caplog.text and "bfloat16" in caplog.text
         assert type(pulled[0]) is nn.Linear

@@ -14,7 +14,7 @@ from torch import nn
 
 from registry import DeviceUnavailableError, Registry, SettingsError
 from registry.devices import CudaDevice, TorchFacts
-from registry.normalize import normalize
+from registry.formats.table import flatten
 from registry.placement import (
     Placement,
     Unit,
@@ -123,7 +123,7 @@ def _llama() -> nn.Module:
 
 
 def _manifest(model: nn.Module) -> dict[str, Any]:
-    weights = normalize(model)
+    weights = flatten(model)
     return {"tensors": {k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
                         for k, t in weights.tensors.items()},
             "source": weights.source}

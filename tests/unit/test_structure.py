@@ -290,6 +290,34 @@ def test_the_facade_only_delegates() -> None:
     assert "registry.pipelines.pull" in graph(_sources())[FACADE]
 
 
+FORMATS_TABLE = "registry.formats.table"
+FORMATS_SHARED = ("registry.formats.base", "registry.formats.common")
+
+
+def format_modules(known: dict[str, Source]) -> set[str]:
+    """The format modules: those of ``registry/formats/`` the table imports, besides the
+    interface and the shared helpers."""
+    return {m for m in graph(known)[FORMATS_TABLE]
+            if m.startswith("registry.formats.") and m not in FORMATS_SHARED}
+
+
+def format_reaches(known: dict[str, Source]) -> list[str]:
+    """``"module imports format"`` for each module besides the table that imports a format."""
+    formats = format_modules(known)
+    return sorted(f"{m} imports {t}" for m, targets in graph(known).items()
+                  if m != FORMATS_TABLE for t in targets & formats)
+
+
+def test_no_module_but_the_formats_table_imports_a_format_module() -> None:
+    """A format is one module plus a line in the table: push and pull reach it only through
+    ``registry/formats/table.py``, never by importing it."""
+    known = _sources()
+    assert {"registry.formats.floats", "registry.formats.torchao"} <= format_modules(known)
+    assert not format_reaches(known), format_reaches(known)
+    planted = {**known, "registry.planted": Source("from .formats.torchao import flatten\n")}
+    assert format_reaches(planted) == ["registry.planted imports registry.formats.torchao"]
+
+
 def test_the_server_uses_only_public_names_of_the_library() -> None:
     known = _sources()
     private = []

@@ -26,10 +26,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import QuantizationError
-from .schemes import COMPRESSED_TENSORS, PACK_QUANTIZED, Checked
+from ..errors import QuantizationError, quoted
+from .base import Flat
+from .common import (
+    MAX_CONFIG_CHARS,
+    Checked,
+    Runs,
+    dtype_name,
+    keep_stored,
+    quantization_record,
+)
 
 log = logging.getLogger(__name__)
+LIBRARY = "compressed-tensors"
+PACK_QUANTIZED = "pack-quantized"
+# It unpacks int1..int8 groups with plain torch ops wherever torch runs.
+METHODS: dict[str, Runs] = {PACK_QUANTIZED: Runs(cpu=True, cuda=(0, 0))}
 PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
 
 
@@ -40,10 +52,13 @@ def packed_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
                 "compressed_tensors.")]
 
 
-def flatten(module: nn.Module, state: Mapping[str, Any],
-            packed: list[tuple[str, nn.Module]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the stored state, the record's compressed-tensors fields) of a model with ``packed``
-    modules: its components as they are, a decompressed module packed again."""
+def flatten(module: nn.Module, state: Mapping[str, Any]) -> Flat | None:
+    """The stored form of a model with packed modules (else None): its components as they are,
+    a decompressed module packed again, and the record: the transformers quantization_config,
+    each packed module's config group and logical weight shape."""
+    packed = packed_modules(module)
+    if not packed:
+        return None
     import compressed_tensors
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationScheme
@@ -51,7 +66,7 @@ def flatten(module: nn.Module, state: Mapping[str, Any],
     hf: Any = getattr(getattr(module, "config", None), "quantization_config", None)
     config = json.loads(json.dumps(hf.to_dict(), default=str)) if hasattr(hf, "to_dict") else {}
     groups = config.get("config_groups") or {}
-    if config.get("quant_method") != COMPRESSED_TENSORS or config.get("format") != PACK_QUANTIZED:
+    if config.get("quant_method") != LIBRARY or config.get("format") != PACK_QUANTIZED:
         raise QuantizationError(
             f"the model has compressed-tensors modules but its config's quantization_config is "
             f"{config.get('quant_method')!r} format {config.get('format')!r}; only "
@@ -92,8 +107,10 @@ def flatten(module: nn.Module, state: Mapping[str, Any],
     sizes = sorted({g["weights"]["group_size"] for n, g in groups.items()
                     if n in {m["group"] for m in modules.values()}
                     and g["weights"].get("group_size")})
-    return out, {"library_version": compressed_tensors.__version__, "config": config,
-                 "modules": modules, "group_sizes": sizes, "float_params": float_params}
+    record = quantization_record(LIBRARY, compressed_tensors.__version__, PACK_QUANTIZED,
+                                 METHODS[PACK_QUANTIZED], out, sizes, float_params)
+    record.update(config=config, modules=modules)
+    return Flat(out, record, signature(out, modules))
 
 
 def signature(state: Mapping[str, Any], modules: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -103,6 +120,84 @@ def signature(state: Mapping[str, Any], modules: Mapping[str, Any]) -> dict[str,
            if isinstance(v, torch.Tensor) and k not in parts}
     out.update({f"{p}.weight": tuple(m["shape"]) for p, m in modules.items()})
     return out
+
+
+# -- the record, untrusted: a transformers quantization_config, checked as data ------------------
+
+_CT_KEYS = frozenset({"config_groups", "quant_method", "kv_cache_scheme", "format", "version",
+                      "quantization_status", "global_compression_ratio", "ignore",
+                      "moe_sparsity_config", "sparsity_config", "transform_config"})
+_CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations",
+                            "format"})
+_CT_WEIGHT_KEYS = frozenset({"num_bits", "type", "symmetric", "group_size", "strategy",
+                             "dynamic", "actorder", "observer", "observer_kwargs", "scale_dtype",
+                             "zp_dtype", "block_structure"})
+
+
+def check(record: dict[str, Any]) -> str | None:
+    """A pack-quantized, weight-only int config whose every value is plain data (the library
+    validates it again with pydantic; nothing in it names code), and the modules it packed."""
+    config = record.get("config")
+    if not isinstance(config, dict) or len(json.dumps(config)) > 16 * MAX_CONFIG_CHARS:
+        return f"has a compressed-tensors config {quoted(config, 80)} that is not an object"
+    if unknown := sorted(str(k) for k in config if k not in _CT_KEYS):
+        return f"has a config key {quoted(unknown[0], 60)} compressed-tensors configs lack"
+    if config.get("quant_method") != LIBRARY or config.get("format") != PACK_QUANTIZED:
+        return (f"has quant_method {quoted(config.get('quant_method'), 40)} format "
+                f"{quoted(config.get('format'), 40)}; only {PACK_QUANTIZED!r} is loaded")
+    if any(config.get(k) for k in ("kv_cache_scheme", "sparsity_config", "transform_config",
+                                   "moe_sparsity_config")):
+        return "quantizes more than weights (kv cache, sparsity or transforms)"
+    if not _strings(config.get("ignore") or []):
+        return f"has ignore {quoted(config.get('ignore'), 80)}, not a list of names"
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return "has no config_groups"
+    for name, group in groups.items():
+        if problem := _check_group(group):
+            return f"gives group {quoted(name, 40)} {problem}"
+    modules = record.get("modules")
+    if not isinstance(modules, dict) or not modules:
+        return "lists no quantized modules"
+    for path, m in modules.items():
+        if not isinstance(m, dict) or m.get("group") not in groups or not isinstance(path, str) \
+                or not isinstance(m.get("shape"), list) or len(m["shape"]) != 2 \
+                or not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**31
+                           for n in m["shape"]):
+            return f"has a malformed module entry {quoted(path, 80)}: {quoted(m, 80)}"
+    return None
+
+
+def _check_group(group: object) -> str | None:
+    if not isinstance(group, dict) or not set(group) <= _CT_GROUP_KEYS:
+        return f"{quoted(group, 80)}, not a scheme"
+    if group.get("input_activations") is not None or group.get("output_activations") is not None:
+        return "quantized activations; only weight-only schemes are loaded"
+    if group.get("format") not in (None, PACK_QUANTIZED) or not _strings(group.get("targets")):
+        return f"format {quoted(group.get('format'), 40)} or targets that are not names"
+    w = group.get("weights")
+    if not isinstance(w, dict) or not set(w) <= _CT_WEIGHT_KEYS or w.get("type") != "int" \
+            or w.get("num_bits") not in range(1, 9) or w.get("dynamic") not in (False, None) \
+            or w.get("strategy") not in ("group", "channel") or w.get("observer_kwargs") \
+            or not all(v is None or isinstance(v, (bool, int, float)) or
+                       (isinstance(v, str) and len(v) <= 64) for k, v in w.items()
+                       if k not in ("observer_kwargs", "block_structure")):
+        return f"weights {quoted(w, 120)}, not int1..int8 by group or channel"
+    size = w.get("group_size")
+    if w["strategy"] == "group" and not (isinstance(size, int) and 0 < size < 2**31):
+        return f"group_size {quoted(size)}"
+    return None
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and len(value) <= 1024 and all(
+        isinstance(v, str) and len(v) <= 256 for v in value)
+
+
+# -- pull: the packed layout given to the model --------------------------------------------------
+
+def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Packed:
+    return Packed(record, METHODS[record["method"]], origin)
 
 
 class Packed(Checked):
@@ -187,7 +282,7 @@ class Packed(Checked):
         from compressed_tensors.compressors import BaseCompressor
 
         log.info("%s: dequantizing %s to %s on load, as dtype=%r asked", self.origin, self.name,
-                 str(dequantize).removeprefix("torch."), str(dequantize).removeprefix("torch."))
+                 dtype_name(dequantize), dtype_name(dequantize))
         compressor = BaseCompressor.get_value_from_registry(PACK_QUANTIZED)
         schemes = self._schemes()
         out = {k: (v.to(dequantize) if isinstance(v, torch.Tensor) and v.is_floating_point()
@@ -199,3 +294,10 @@ class Packed(Checked):
             weight = compressor.decompress(local, schemes[m["group"]])["weight"]
             out[f"{path}.weight"] = weight.to(dequantize)
         return out
+
+    def pretrained(self, requested: torch.dtype | None
+                   ) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+        """Its components are the checkpoint's own tensors, written as stored, under the
+        recorded ``quantization_config``."""
+        keep_stored(self.origin, requested)
+        return dict(self.record["config"]), None

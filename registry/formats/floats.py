@@ -1,9 +1,13 @@
-"""Anything trainable -> NormalizedWeights: clean keys, CPU tensors, facts about the source.
+"""The float format, and what every push ends with: anything trainable -> NormalizedWeights,
+clean keys, CPU tensors, facts about the source.
 
 Push normalizes so that pull never has to guess: wrappers (DataParallel, DDP, torch.compile,
 FSDP, activation checkpointing) are unwrapped, their key prefixes stripped, tensors detached and
 moved to the CPU, tied tensors stored once with their aliases recorded, and anything that cannot
-be stored faithfully is refused with the key that holds it.
+be stored faithfully is refused with the key that holds it. A module in a quantization format
+is flattened by that format (each given to :func:`normalize` by the table, ``table.py``) into
+plain tensors, which are then normalized like any others. A float version's pull steps are
+:class:`registry.formats.common.Plain`'s: each leaves what it is given as it is.
 """
 
 from __future__ import annotations
@@ -11,20 +15,20 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import quantized
-from .architectures import capture
-from .checkpoints import read_checkpoint
-from .devices import device_sort_key
-from .errors import NormalizationError
-from .statedict import ModuleMetadata, module_metadata_of, rename_prefixes
+from ..architectures import capture
+from ..checkpoints import read_checkpoint
+from ..devices import device_sort_key
+from ..errors import NormalizationError
+from ..statedict import ModuleMetadata, module_metadata_of, rename_prefixes
+from .base import Flat, Format
+from .common import dtype_name
 
 # Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
 _WRAPPER_ATTRS = (
@@ -43,7 +47,6 @@ _DATA_PARALLEL = "DataParallel/DistributedDataParallel"
 # (FSDP's flattened parameter holds many tensors in one and cannot be loaded as any of them).
 _WRAPPER_PARTS = frozenset({*_ANYWHERE_PREFIXES, "_flat_param", "_fsdp_flat_param"})
 _STATISTICS_SUFFIXES = (".running_mean", ".running_var")
-_FACTORY_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 @dataclass
@@ -58,8 +61,13 @@ class NormalizedWeights:
     # Each module's state-dict version (prefix -> {"version": N}) and every key in pushed order.
     module_metadata: ModuleMetadata = field(default_factory=dict)
     key_order: list[str] = field(default_factory=list)
-    # The manifest's quantization record (registry/quantized.py) for a quantized module.
-    quantization: dict[str, Any] | None = None
+    # The manifest's sections of a format: a quantized module's "quantization" record.
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def specs(self) -> dict[str, dict[str, Any]]:
+        """The manifest's ``tensors``: each stored key's dtype and shape."""
+        return {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
+                for k, t in self.tensors.items()}
 
 
 def normalize(
@@ -68,25 +76,27 @@ def normalize(
     precision: str | None = None,
     keep_in_fp32: Iterable[str] = (),
     record_architecture: bool = True,
+    formats: Sequence[Format] = (),
 ) -> NormalizedWeights:
     """Turn a module, a state dict or a checkpoint path into :class:`NormalizedWeights`.
 
     ``record_architecture``: record how to rebuild a transformers or timm module (off when the
-    caller records a factory of its own)."""
+    caller records a factory of its own). ``formats``: the quantization formats a module may be
+    in, each asked once to flatten it (the table's)."""
     wrapping: list[str] = []
     source: dict[str, Any] = {}
     architecture: dict[str, Any] = {}
     declared_fp32 = list(keep_in_fp32)
-    quantization: dict[str, Any] | None = None
+    sections: dict[str, Any] = {}
     if isinstance(model, nn.Module):
         inner, wrapping = unwrap(model)
         raw, metadata = _module_state_dict(inner)
-        # Quantized tensors and modules are stored as their plain components (quantized.py).
-        flat = quantized.flatten(inner, raw)
+        # Quantized tensors and modules are stored as their plain components by their format.
+        flat = flattened(inner, raw, formats)
         if flat is None:
             _refuse_quantized(inner.named_modules())
         else:
-            raw, quantization = flat.state, flat.record
+            raw, sections["quantization"] = flat.state, flat.record
         architecture["class"] = f"{type(inner).__module__}:{type(inner).__qualname__}"
         if record_architecture:
             architecture.update(capture(inner, flat.signature if flat else None))
@@ -163,7 +173,22 @@ def normalize(
         python_version=platform.python_version(),
     )
     return NormalizedWeights(kept, tied, extras, source, architecture, metadata, list(renamed),
-                             quantization)
+                             sections)
+
+
+def flattened(inner: nn.Module, raw: Mapping[str, Any], formats: Sequence[Format]) -> Flat | None:
+    """The one format ``inner`` is in, flattened (None: plain floats); a module that mixes
+    formats is refused."""
+    found: list[Flat] = []
+    for fmt in formats:
+        flat = fmt.flatten(inner, raw)
+        if flat is not None:
+            found.append(flat)
+    if len(found) > 1:
+        raise NormalizationError(
+            f"the module mixes {' and '.join(f.record['library'] for f in found)} quantization; "
+            "push one scheme per version")
+    return found[0] if found else None
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
@@ -182,32 +207,6 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:
                 break
         else:
             return model, wrapping
-
-
-def factory_string(factory: object) -> str:
-    """``"package.module:callable"`` for a factory given as a string or as a callable."""
-    if isinstance(factory, str):
-        if not _FACTORY_RE.fullmatch(factory):
-            raise NormalizationError(
-                f"invalid factory {factory!r}: use 'package.module:callable', e.g. "
-                "'torchvision.models:resnet18'"
-            )
-        return factory
-    if callable(factory):
-        module = getattr(factory, "__module__", None)
-        qualname = getattr(factory, "__qualname__", None)
-        if not module or not qualname or "<" in qualname:
-            raise NormalizationError(
-                f"factory {factory!r} cannot be recorded: it must be importable by name (a "
-                "top-level function or class, not a lambda or a local object)"
-            )
-        return f"{module}:{qualname}"
-    raise NormalizationError(f"factory must be a 'module:callable' string or a callable, "
-                             f"got {type(factory).__name__}")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _is_data_parallel(wrapping: list[str]) -> bool:
@@ -352,7 +351,8 @@ def _check_storable(key: str, tensor: torch.Tensor) -> None:
     if type(tensor).__module__.startswith("torchao."):
         raise NormalizationError(
             f"tensor {key!r} is a torchao {type(tensor).__name__} in a bare state dict; push "
-            "the quantized module itself, whose scheme is then recorded (registry/quantized.py)")
+            "the quantized module itself, whose scheme is then recorded "
+            "(registry/formats/torchao.py)")
     if tensor.is_meta:
         raise NormalizationError(
             f"tensor {key!r} is on the meta device and has no data; load real weights before "

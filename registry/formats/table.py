@@ -1,0 +1,80 @@
+"""The formats table: which module stores and rebuilds each recorded format. The only module
+that imports a format module (``tests/unit/test_structure.py`` holds it to that).
+
+Push hands a model to :func:`flatten` once: it is unwrapped and flattened by the one format it
+is in (``floats.py`` for plain floating weights) into plain tensors plus the manifest's record.
+Pull asks :func:`lookup` once: the manifest's record, checked, gives the version's
+:class:`~registry.formats.base.Steps`. A new quantization format is one module beside these
+(its ``LIBRARY``, ``METHODS``, ``flatten``, ``check``, ``steps``: :class:`~.base.Format`) and
+one line in :data:`FORMATS`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+from ..errors import QuantizationError, quoted
+from . import ctensors, dynamic, floats, torchao
+from .base import Format, Steps
+from .common import Plain, Runs, check_counts
+
+# A recorded ``quantization["library"]`` -> the module that stores and rebuilds it.
+FORMATS: dict[str, Format] = {
+    torchao.LIBRARY: torchao,
+    dynamic.LIBRARY: dynamic,
+    ctensors.LIBRARY: ctensors,
+}
+
+# (library, method) -> where it runs, for every method of every format.
+METHODS: dict[tuple[str, str], Runs] = {
+    (library, method): runs for library, fmt in FORMATS.items()
+    for method, runs in fmt.METHODS.items()}
+
+Normalized = floats.NormalizedWeights
+
+
+def flatten(model: nn.Module | Mapping[str, Any] | str | os.PathLike[str], *,
+            precision: str | None = None, keep_in_fp32: Iterable[str] = (),
+            record_architecture: bool = True) -> Normalized:
+    """Push's one call into the formats: ``model`` (a module, a state dict or a checkpoint
+    path) unwrapped, flattened by the format it is in and normalized, with the manifest's
+    section of its format (``sections``)."""
+    return floats.normalize(model, precision=precision, keep_in_fp32=keep_in_fp32,
+                            record_architecture=record_architecture,
+                            formats=tuple(FORMATS.values()))
+
+
+def check(record: object) -> str | None:
+    """Why a manifest's ``quantization`` record is malformed or unknown, or None."""
+    if not isinstance(record, dict):
+        return f"is {quoted(record)}, not an object"
+    key = (record.get("library"), record.get("method"))
+    if key not in METHODS:
+        known = ", ".join(f"{lib} {m}" for lib, m in METHODS)
+        return (f"names {quoted(key[0], 60)} {quoted(key[1], 60)}, which is not a scheme this "
+                f"registry loads ({known})")
+    return check_counts(record) or FORMATS[record["library"]].check(record)
+
+
+def lookup(manifest: Mapping[str, Any], origin: str) -> Steps:
+    """Pull's one look-up: the steps of the version's format, :class:`Plain` for a float one.
+    QuantizationError for a library or method this registry does not know, and for a record
+    that disagrees with its stored tensors or names anything outside its library's allow list
+    (nothing is imported for it)."""
+    record = manifest.get("quantization")
+    if record is None:
+        return Plain()
+    if problem := check(record):
+        raise QuantizationError(f"{origin}: its quantization record {problem}; it was not used")
+    return FORMATS[record["library"]].steps(record, manifest, origin)
+
+
+def stored_tensors(module: nn.Module, state: Mapping[str, Any]) -> dict[str, Any]:
+    """The tensors a push of ``module`` (its state dict ``state``) stores: flattened by its
+    format, normalized (to match a stored version's digest)."""
+    flat = floats.flattened(module, state, tuple(FORMATS.values()))
+    return floats.normalize(flat.state if flat is not None else dict(state)).tensors
