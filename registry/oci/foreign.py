@@ -119,7 +119,7 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
         tensors=weights.specs(),
         tied_aliases=len(weights.tied), extras=weights.extras, architecture=architecture,
         source=source, module_metadata=weights.module_metadata, key_order=weights.key_order,
-        tags={}, quantization=weights.quantization,
+        tags={}, quantization=weights.sections.get("quantization"),
         attachments=manifest_entries([s for s in staged if s.file.role == "file"]),
     ).for_version(1)
     mf.validate(manifest, origin=origin)
