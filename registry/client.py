@@ -150,7 +150,7 @@ class Registry(SignedVersions):
             draft = mf.Draft(
                 name=target, created_at=datetime.now(timezone.utc).isoformat(),
                 shards=shards,
-                tensors=weights.specs(),
+                tensors=weights.specs,
                 tied_aliases=len(weights.tied), extras=weights.extras,
                 architecture=architecture, source=trail.source(
                     weights.source, target, shards, sections.get("adapter", {}).get("base")),

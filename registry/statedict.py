@@ -11,7 +11,7 @@ torchvision's MNASNet refuses to load without it. Push records both facts in the
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 MAX_VERSION = 2**31 - 1
@@ -38,19 +38,6 @@ def clean_module_metadata(raw: object) -> ModuleMetadata:
         if isinstance(prefix, str) and isinstance(version, int) \
                 and not isinstance(version, bool) and 0 <= version <= MAX_VERSION:
             out[prefix] = {"version": version}
-    return out
-
-
-def rename_prefixes(metadata: Mapping[str, dict[str, int]],
-                    rename: Callable[[str], str | None]) -> ModuleMetadata:
-    """``metadata`` with each prefix renamed (``None`` drops it). Entries come parents first,
-    so when a wrapper's own entry and its inner module's become one prefix, the inner one,
-    which comes later, is kept: it describes the module the weights load into."""
-    out: ModuleMetadata = {}
-    for prefix, entry in metadata.items():
-        new = rename(prefix)
-        if new is not None:
-            out[new] = dict(entry)
     return out
 
 

@@ -1,13 +1,11 @@
-"""The float format, and what every push ends with: anything trainable -> NormalizedWeights,
-clean keys, CPU tensors, facts about the source.
+"""The float format, and what every push ends with: anything trainable -> NormalizedWeights.
 
 Push normalizes so that pull never has to guess: wrappers (DataParallel, DDP, torch.compile,
 FSDP, activation checkpointing) are unwrapped, their key prefixes stripped, tensors detached and
 moved to the CPU, tied tensors stored once with their aliases recorded, and anything that cannot
 be stored faithfully is refused with the key that holds it. A module in a quantization format
-is flattened by that format (each given to :func:`normalize` by the table, ``table.py``) into
-plain tensors, which are then normalized like any others. A float version's pull steps are
-:class:`registry.formats.common.Plain`'s: each leaves what it is given as it is.
+is flattened first by that format (the table gives :func:`normalize` the formats). A float
+version's pull steps are :class:`~registry.formats.common.Plain`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from ..architectures import capture
 from ..checkpoints import read_checkpoint
 from ..devices import device_sort_key
 from ..errors import NormalizationError
-from ..statedict import ModuleMetadata, module_metadata_of, rename_prefixes
+from ..statedict import ModuleMetadata, module_metadata_of
 from .base import Flat, Format
 from .common import dtype_name
 
@@ -63,11 +61,8 @@ class NormalizedWeights:
     key_order: list[str] = field(default_factory=list)
     # The manifest's sections of a format: a quantized module's "quantization" record.
     sections: dict[str, Any] = field(default_factory=dict)
-
-    def specs(self) -> dict[str, dict[str, Any]]:
-        """The manifest's ``tensors``: each stored key's dtype and shape."""
-        return {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
-                for k, t in self.tensors.items()}
+    # The manifest's ``tensors``: each stored key's dtype and shape.
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def normalize(
@@ -156,15 +151,15 @@ def normalize(
     kept, tied = _dedupe_shared(tensors)
     if params is None:
         params = _guess_params(kept)
+    specs = {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for k, t in kept.items()}
     dtypes: dict[str, int] = {}
-    for t in kept.values():
-        name = dtype_name(t.dtype)
-        dtypes[name] = dtypes.get(name, 0) + 1
+    for spec in specs.values():
+        dtypes[spec["dtype"]] = dtypes.get(spec["dtype"], 0) + 1
     source.update(
         devices=sorted(devices, key=device_sort_key),
         dtypes=dict(sorted(dtypes.items())),
         wrapping=wrapping,
-        precision=precision if precision is not None else _infer_precision(kept.values()),
+        precision=precision if precision is not None else _infer_precision(kept, specs),
         keep_in_fp32=sorted(set(declared_fp32)),
         tied=tied,
         params=params,
@@ -173,7 +168,7 @@ def normalize(
         python_version=platform.python_version(),
     )
     return NormalizedWeights(kept, tied, extras, source, architecture, metadata, list(renamed),
-                             sections)
+                             sections, specs)
 
 
 def flattened(inner: nn.Module, raw: Mapping[str, Any], formats: Sequence[Format]) -> Flat | None:
@@ -235,6 +230,19 @@ def _nested_rename(inner: str, outer: str) -> Callable[[str], str]:
         return prefix
 
     return rename
+
+
+def rename_prefixes(metadata: Mapping[str, dict[str, int]],
+                    rename: Callable[[str], str | None]) -> ModuleMetadata:
+    """``metadata`` with each prefix renamed (``None`` drops it). Entries come parents first,
+    so when a wrapper's own entry and its inner module's become one prefix, the inner one,
+    which comes later, is kept: it describes the module the weights load into."""
+    out: ModuleMetadata = {}
+    for prefix, entry in metadata.items():
+        new = rename(prefix)
+        if new is not None:
+            out[new] = dict(entry)
+    return out
 
 
 def _leading_module_parts(raw: Mapping[str, Any]) -> int:
@@ -432,8 +440,9 @@ def _guess_params(tensors: Mapping[str, torch.Tensor]) -> int:
     )
 
 
-def _infer_precision(tensors: Iterable[torch.Tensor]) -> str:
-    floats = {dtype_name(t.dtype) for t in tensors if t.is_floating_point()}
+def _infer_precision(tensors: Mapping[str, torch.Tensor],
+                     specs: Mapping[str, dict[str, Any]]) -> str:
+    floats = {specs[k]["dtype"] for k, t in tensors.items() if t.is_floating_point()}
     if not floats:
         return "float32"
     if len(floats) == 1:

@@ -116,7 +116,7 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
     manifest = mf.Draft(
         name=_name(artifact, repository), created_at=_created(artifact),
         shards=[s.file for s in staged if s.file.role == "weights"],
-        tensors=weights.specs(),
+        tensors=weights.specs,
         tied_aliases=len(weights.tied), extras=weights.extras, architecture=architecture,
         source=source, module_metadata=weights.module_metadata, key_order=weights.key_order,
         tags={}, quantization=weights.sections.get("quantization"),
