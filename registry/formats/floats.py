@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,10 +152,9 @@ def normalize(
     kept, tied = _dedupe_shared(tensors)
     if params is None:
         params = _guess_params(kept)
-    specs = {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for k, t in kept.items()}
-    dtypes: dict[str, int] = {}
-    for spec in specs.values():
-        dtypes[spec["dtype"]] = dtypes.get(spec["dtype"], 0) + 1
+    specs: dict[str, dict[str, Any]] = {
+        k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for k, t in kept.items()}
+    dtypes = Counter(spec["dtype"] for spec in specs.values())
     source.update(
         devices=sorted(devices, key=device_sort_key),
         dtypes=dict(sorted(dtypes.items())),
