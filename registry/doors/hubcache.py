@@ -125,7 +125,7 @@ def locked(hub_dir: Path, commit: str, *, wait: bool = True) -> Iterator[None]:
 def revisions(hub_dir: Path) -> list[DerivedRevision]:
     """Every whole derived revision under ``hub_dir`` (a folder without a listing, or one whose
     listing is damaged, is a partial one: :func:`sweep` judges it)."""
-    found = []
+    found: list[DerivedRevision] = []
     if not hub_dir.is_dir():
         return found
     for root in sorted(hub_dir.iterdir()):
