@@ -22,8 +22,8 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,9 +34,9 @@ import torch
 # read it from there. On the 806 MB row, CPU time per diff: 32 Ki 2.05x the floor's, 64 Ki 1.90x,
 # 128 Ki 1.73x, 256 Ki 1.72x, 1 Mi 1.79x (fewer calls against a chunk that no longer fits).
 CHUNK = 1 << 17
-# Elements one worker takes at a time (16 MB of float32): enough to spread an 806 MB diff over
-# the cores, few enough that handing them out costs nothing next to the passes.
-PIECE = 1 << 22
+# Elements one worker takes at a time (4 MB of float32, ~1 ms of work): small enough that the
+# workers finish together, large enough that handing them out costs nothing next to the passes.
+PIECE = 1 << 20
 # Threads comparing pieces. More cores read memory faster, up to the memory's bandwidth.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 _ABS = np.int32(0x7FFFFFFF)  # a float32's bits without its sign: |x|, ordered as integers
@@ -162,6 +162,7 @@ def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int) -
 
 
 Pair = tuple[torch.Tensor | None, torch.Tensor]
+Job = tuple[int, int, int]  # pair, first element, end
 
 
 def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | None]:
@@ -178,11 +179,7 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
             return None
         return piece_sums(a, b, begin, end)
 
-    if workers > 1 and len(jobs) > 1:
-        with ThreadPoolExecutor(min(workers, len(jobs)), "registry-diff") as pool:
-            done = list(pool.map(run, jobs))
-    else:
-        done = [run(job) for job in jobs]
+    done = _shared_out(run, jobs, workers)
     out: list[Sums | None] = [None] * len(flat)
     parts: dict[int, list[tuple[int, int, Sums | None]]] = {}
     for (i, begin, end), sums in zip(jobs, done, strict=True):
@@ -200,6 +197,36 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
             total.add(s)
         out[i] = total
     return out
+
+
+def _shared_out(run: Callable[[Job], Sums | None], jobs: list[Job],
+                workers: int) -> list[Sums | None]:
+    """``run`` of every job, the largest first, by this thread and ``workers - 1`` others.
+
+    The caller works too, and no pool outlives the call: starting a thread costs ~0.1 ms on a
+    quiet machine (several on a loaded one, where ``Thread.start`` waits to be scheduled), and
+    a pool kept between calls would not survive a fork."""
+    done: list[Sums | None] = [None] * len(jobs)
+    order = iter(sorted(range(len(jobs)), key=lambda j: jobs[j][1] - jobs[j][2]))
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for j in order:  # next() on a shared iterator is atomic under the GIL
+                done[j] = run(jobs[j])
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=work, name="registry-diff", daemon=True)
+               for _ in range(min(workers, len(jobs)) - 1)]
+    for thread in threads:
+        thread.start()
+    work()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return done
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -161,3 +161,18 @@ def test_non_contiguous_and_integer_tensors(small_chunks: None) -> None:
 def test_larger_keeps_nan() -> None:
     assert math.isnan(deltas.larger(math.nan, 1.0)) and math.isnan(deltas.larger(1.0, math.nan))
     assert deltas.larger(1.0, 2.0) == 2.0
+
+
+def test_a_failure_in_any_worker_reaches_the_caller(
+        small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = deltas.piece_sums
+
+    def failing(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int) -> deltas.Sums:
+        if start == 8_000:  # the third piece: whichever thread takes it
+            raise MemoryError("no buffer")
+        return real(a, b, start, stop)
+
+    monkeypatch.setattr(deltas, "piece_sums", failing)
+    a = torch.randn(20_000)
+    with pytest.raises(MemoryError, match="no buffer"):
+        deltas.compare([(a, a + 1)], workers=3)
