@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from registry import peftreplay
+from registry.formats.peft import replay as peftreplay
 
 from .helpers import FACTORY, Bench, Case, build, duration, interleaved, kwargs, meta_module, touch
 from .report import Row
@@ -110,7 +110,7 @@ def _adapter_rows(b: Bench) -> list[Row]:
 
     def first_pull() -> int:
         # The first pull of the adapter in a process: PEFT attaches it (the second pull
-        # records that, and the later ones replay it: registry/peftreplay.py).
+        # records that, and the later ones replay it: registry/formats/peft/replay.py).
         peftreplay.forget()
         return touch_quantized(b.reg.pull(mv.ref, device="cpu"))
 
@@ -148,8 +148,8 @@ def _adapter_rows(b: Bench) -> list[Row]:
                        "the whole state dict that the pull skips. The difference to the base "
                        "alone is attaching the adapter: PEFT's `get_peft_model` on the first "
                        "pull (on meta, init skipped, one LoRA layer built per kind and copied "
-                       "for the rest: loracopies.py), recorded then and replayed on every "
-                       "later pull of the same base and adapter (peftreplay.py: 4.3 -> 0.9 ms "
+                       "for the rest: peft/copies.py), recorded then and replayed on every "
+                       "later pull of the same base and adapter (peft/replay.py: 4.3 -> 0.9 ms "
                        "for the 12 Linears), then the registry's own work (resolving the base, "
                        "reading the 3.9 MB adapter shard, checks, assigning the tensors, eval "
                        "mode, ~1.5 ms): Python on the pulling thread, while reading the 806 MB "

@@ -14,7 +14,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import adapters, architectures, attachments
+from . import architectures, attachments
 from . import devices as dev
 from . import manifest as mf
 from . import materialize as mat
@@ -25,6 +25,7 @@ from .exports import service as exports
 from .exports.common import make_request
 from .factories import factory_string, warn_if_unpullable
 from .formats import table as formats
+from .formats.base import Bases
 from .manifest import ModelVersion
 from .oci import door as oci_door
 from .oci.results import OciPush
@@ -125,22 +126,17 @@ class Registry(SignedVersions):
                        else parse_size(shard_size, "shard_size", minimum=1))
         trail = capture.begin_push(self.settings, self._backend.resolve, parents, datasets, run)
 
-        sections: dict[str, Any] = {}  # an adapter version's manifest section
-        if adapters.is_adapter(model):
-            adapter = adapters.capture(model)
-            found = adapters.base_of(adapter, self._backend.resolve(parse(base)) if base
-                                     else None, self._newest_first)
-            sections["adapter"] = {**adapter.record, "base": adapters.base_entry(found)}
-            model, target = adapter.tensors, target or tag_map.get("name") or f"{found.name}-lora"
         named = attachments.collect(model, files)
         if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
             architecture = attachments.transformers_architecture(Path(model)) or {}
-        weights = formats.flatten(model, precision=precision, keep_in_fp32=prefixes,
-                                  record_architecture=factory is None)
+        weights = formats.flatten(  # a PEFT model: its adapter, over the base version found
+            model, precision=precision, keep_in_fp32=prefixes, record_architecture=factory is None,
+            bases=Bases(parse(base) if base else None, self._backend.resolve, self._newest_first))
         architecture = {**weights.architecture, **architecture}
         named = self._signed_source(model, named, weights.source)
         if target is None:
-            target = architectures.default_name(tag_map, architecture)
+            target = architectures.default_name(tag_map, architecture) if weights.name is None \
+                else tag_map.get("name") or weights.name
         # The latest version's shards found on this machine are compared, not written again.
         staged = write_shards(weights.tensors, target_size, self._backend.staging_dir(),
                               known=self._backend.known_shards(target))
@@ -153,9 +149,10 @@ class Registry(SignedVersions):
                 tensors=weights.specs,
                 tied_aliases=len(weights.tied), extras=weights.extras,
                 architecture=architecture, source=trail.source(
-                    weights.source, target, shards, sections.get("adapter", {}).get("base")),
+                    weights.source, target, shards,
+                    weights.sections.get("adapter", {}).get("base")),
                 module_metadata=weights.module_metadata, key_order=weights.key_order,
-                tags=tag_map, quantization=weights.sections.get("quantization"), sections=sections,
+                tags=tag_map, sections=weights.sections,
                 attachments=attachments.manifest_entries(
                     [s for s in staged if s.file.role == "file"]))
             with self._signing_commit(sign_key):
@@ -237,8 +234,7 @@ class Registry(SignedVersions):
             raise AdapterError(f"{origin} is not an adapter version: merge=True merges an "
                                f"adapter into its base; call save_pretrained({origin!r}) "
                                "without merge")
-        spec = adapters.check(record.manifest["adapter"], origin)
-        base = Ref(spec["base"]["name"], digest=spec["base"]["digest"])
+        base = formats.adapter(record.manifest, origin).base
         with pulling.opened_files(self._backend, self.settings, base) as (stored, open_blob):
             if "quantization" in stored.manifest:
                 raise AdapterError(

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import adapters, attachments, safewrite
+from . import attachments, safewrite
 from . import devices as dev
 from .errors import ArchitectureUnknownError
 from .files import VersionFile
@@ -66,8 +66,9 @@ def write_pretrained(manifest: Mapping[str, Any], open_blob: Callable[[str, int]
     the very file ``open_blob`` verified (``Backend.open_blob``), never from its path opened
     again. ``weights``: tensors to write instead of the stored ones, by stored key, in the same
     shards and dtypes (an adapter merged into this base)."""
-    if "adapter" in manifest:  # a PEFT adapter directory (adapters.py)
-        return adapters.write_pretrained(manifest, open_blob, dest_dir, dtype, origin)
+    if "adapter" in manifest:  # a PEFT adapter directory (formats/lora.py)
+        return formats.adapter(manifest, origin).write_pretrained(manifest, open_blob, dest_dir,
+                                                                  dtype)
     config = transformers_config(manifest, origin)
     requested = dev.parse_dtype(dtype)
     # A quantized version: its quantization_config, and the components with torchao's metadata.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import registry
-from registry import peftreplay
+from registry.formats.peft import replay as peftreplay
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -35,7 +35,7 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     # set REGISTRY_TRASH_DAYS themselves: tests/integration/test_governance.py).
     monkeypatch.setenv("REGISTRY_TRASH_DAYS", "0")
     # Each test pulls adapters as a new process would: PEFT's own attach first, no recipe from
-    # an earlier test's pulls of a base with the same digest (registry/peftreplay.py).
+    # an earlier test's pulls of a base with the same digest (registry/formats/peft/replay.py).
     peftreplay.forget()
     yield
 

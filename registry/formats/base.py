@@ -1,4 +1,4 @@
-"""The interface every quantization format implements, and what its push gives.
+"""The interface every quantization format implements, and what push gets from the formats.
 
 A format is one module of this package (``torchao.py``, ``dynamic.py``, ``ctensors.py``) that
 satisfies :class:`Format` by its module-level names, as ``transformers/quantizers/`` has one
@@ -9,8 +9,8 @@ a model, pull asks it once for a version's :class:`Steps`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -18,6 +18,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from .. import devices as dev
+    from ..refs import Ref
     from .common import Runs
 
 
@@ -30,6 +31,37 @@ class Flat:
     record: dict[str, Any]
     # The float model's keys and shapes, where they are not the quantized module's own.
     signature: dict[str, tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Bases:
+    """Where push finds the base version of an adapter (``lora.py``): the one named
+    (``base="gpt2:v1"``), resolved by ``resolve`` (the backend's), else the stored versions,
+    newest first."""
+
+    named: Ref | None = None
+    resolve: Callable[[Ref], Any] | None = None
+    versions: Callable[[], Iterable[Any]] = tuple
+
+
+@dataclass
+class NormalizedWeights:
+    """What push gets from the formats (``table.flatten``): tensors ready to serialize, plus
+    what the manifest records about them."""
+
+    tensors: dict[str, torch.Tensor]
+    tied: dict[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, Any] = field(default_factory=dict)
+    # Each module's state-dict version (prefix -> {"version": N}) and every key in pushed order.
+    module_metadata: dict[str, dict[str, int]] = field(default_factory=dict)
+    key_order: list[str] = field(default_factory=list)
+    # The manifest's sections of its format: "quantization" or "adapter" -> its record.
+    sections: dict[str, Any] = field(default_factory=dict)
+    # The manifest's ``tensors``: each stored key's dtype and shape.
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    name: str | None = None  # the version's default name, where its format gives one
 
 
 class Steps(Protocol):

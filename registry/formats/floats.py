@@ -15,7 +15,6 @@ import os
 import platform
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from ..checkpoints import read_checkpoint
 from ..devices import device_sort_key
 from ..errors import NormalizationError
 from ..statedict import ModuleMetadata, module_metadata_of
-from .base import Flat, Format
+from .base import Flat, Format, NormalizedWeights
 from .common import dtype_name
 
 # Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
@@ -46,24 +45,6 @@ _DATA_PARALLEL = "DataParallel/DistributedDataParallel"
 # (FSDP's flattened parameter holds many tensors in one and cannot be loaded as any of them).
 _WRAPPER_PARTS = frozenset({*_ANYWHERE_PREFIXES, "_flat_param", "_fsdp_flat_param"})
 _STATISTICS_SUFFIXES = (".running_mean", ".running_var")
-
-
-@dataclass
-class NormalizedWeights:
-    """Tensors ready to serialize, plus what the manifest records about them."""
-
-    tensors: dict[str, torch.Tensor]
-    tied: dict[str, str] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
-    source: dict[str, Any] = field(default_factory=dict)
-    architecture: dict[str, Any] = field(default_factory=dict)
-    # Each module's state-dict version (prefix -> {"version": N}) and every key in pushed order.
-    module_metadata: ModuleMetadata = field(default_factory=dict)
-    key_order: list[str] = field(default_factory=list)
-    # The manifest's sections of a format: a quantized module's "quantization" record.
-    sections: dict[str, Any] = field(default_factory=dict)
-    # The manifest's ``tensors``: each stored key's dtype and shape.
-    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def normalize(
@@ -184,6 +165,14 @@ def flattened(inner: nn.Module, raw: Mapping[str, Any], formats: Sequence[Format
             f"the module mixes {' and '.join(f.record['library'] for f in found)} quantization; "
             "push one scheme per version")
     return found[0] if found else None
+
+
+def stored_tensors(module: nn.Module, state: Mapping[str, Any], *,
+                   formats: Sequence[Format]) -> dict[str, torch.Tensor]:
+    """The tensors a push of ``module`` (its state dict ``state``) stores: flattened by its
+    format, normalized (an adapter's base matched by digest)."""
+    flat = flattened(module, state, formats)
+    return normalize(flat.state if flat is not None else dict(state)).tensors
 
 
 def unwrap(model: nn.Module) -> tuple[nn.Module, list[str]]:

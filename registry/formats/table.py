@@ -2,15 +2,17 @@
 that imports a format module (``tests/unit/test_structure.py`` holds it to that).
 
 Push hands a model to :func:`flatten` once: it is unwrapped and flattened by the one format it
-is in (``floats.py`` for plain floating weights) into plain tensors plus the manifest's record.
-Pull asks :func:`lookup` once: the manifest's record, checked, gives the version's
-:class:`~registry.formats.base.Steps`. A new quantization format is one module beside these
-(its ``LIBRARY``, ``METHODS``, ``flatten``, ``check``, ``steps``: :class:`~.base.Format`) and
-one line in :data:`FORMATS`.
+is in (``floats.py`` for plain floating weights; a PEFT model's adapter by ``lora.py``, over its
+base version) into plain tensors plus the manifest's record. Pull asks :func:`lookup` once: the
+manifest's ``quantization`` record, checked, gives the version's
+:class:`~registry.formats.base.Steps`; an adapter version's record, :func:`adapter`. A new
+quantization format is one module beside these (its ``LIBRARY``, ``METHODS``, ``flatten``,
+``check``, ``steps``: :class:`~.base.Format`) and one line in :data:`FORMATS`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -18,8 +20,8 @@ from typing import Any
 from torch import nn
 
 from ..errors import QuantizationError, quoted
-from . import ctensors, dynamic, floats, torchao
-from .base import Format, Steps
+from . import ctensors, dynamic, floats, lora, torchao
+from .base import Bases, Format, NormalizedWeights, Steps
 from .common import Plain, Runs, check_counts
 
 # A recorded ``quantization["library"]`` -> the module that stores and rebuilds it.
@@ -34,18 +36,23 @@ METHODS: dict[tuple[str, str], Runs] = {
     (library, method): runs for library, fmt in FORMATS.items()
     for method, runs in fmt.METHODS.items()}
 
-Normalized = floats.NormalizedWeights
-
-
 def flatten(model: nn.Module | Mapping[str, Any] | str | os.PathLike[str], *,
             precision: str | None = None, keep_in_fp32: Iterable[str] = (),
-            record_architecture: bool = True) -> Normalized:
+            record_architecture: bool = True, bases: Bases | None = None) -> NormalizedWeights:
     """Push's one call into the formats: ``model`` (a module, a state dict or a checkpoint
     path) unwrapped, flattened by the format it is in and normalized, with the manifest's
-    section of its format (``sections``)."""
-    return floats.normalize(model, precision=precision, keep_in_fp32=keep_in_fp32,
-                            record_architecture=record_architecture,
-                            formats=tuple(FORMATS.values()))
+    section of its format (``sections``). A PEFT model stores its adapter alone, over the base
+    version ``bases`` finds (``name``: its default name, the base's with ``-lora``)."""
+    quantized = tuple(FORMATS.values())
+    adapter = lora.flatten(model, bases or Bases(), functools.partial(floats.stored_tensors,
+                                                           formats=quantized))
+    weights = floats.normalize(model if adapter is None else adapter.tensors,
+                               precision=precision, keep_in_fp32=keep_in_fp32,
+                               record_architecture=record_architecture, formats=quantized)
+    if adapter is not None:
+        weights.sections["adapter"] = adapter.record
+        weights.name = f"{adapter.base_name}-lora"
+    return weights
 
 
 def check(record: object) -> str | None:
@@ -73,8 +80,8 @@ def lookup(manifest: Mapping[str, Any], origin: str) -> Steps:
     return FORMATS[record["library"]].steps(record, manifest, origin)
 
 
-def stored_tensors(module: nn.Module, state: Mapping[str, Any]) -> dict[str, Any]:
-    """The tensors a push of ``module`` (its state dict ``state``) stores: flattened by its
-    format, normalized (to match a stored version's digest)."""
-    flat = floats.flattened(module, state, tuple(FORMATS.values()))
-    return floats.normalize(flat.state if flat is not None else dict(state)).tensors
+def adapter(manifest: Mapping[str, Any], origin: str) -> lora.Adapter:
+    """Pull's look-up of an adapter version: its ``adapter`` record checked against its stored
+    tensors (AdapterError for one this registry does not load), its base, and how it attaches."""
+    return lora.checked(manifest, origin)
+

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from .. import adapters, architectures, cachedir, placement, prefault
+from .. import architectures, cachedir, placement, prefault
 from .. import devices as dev
 from .. import materialize as mat
 from ..backends import Backend
@@ -103,12 +103,12 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
     # "auto" makes of their stored dtype on the device (float32 for half precision on the CPU).
     requested = dev.parse_dtype(target.dtype)
     policy = mat.DtypePolicy(requested, [], dev.TorchFacts.probe())
-    return adapters.pull(
-        record, lambda base: resolve(backend, settings, base),
+    return formats.adapter(record.manifest, f"{record.name}:v{record.version}").pull(
+        lambda base: resolve(backend, settings, base),
         lambda base: module(backend, settings, base, target),
         lambda device: read(backend, settings, record, lambda _k: device, policy, {}),
         merge=merge, floats=requested is not None,
-        # How the base is pulled, where that alone fixes its structure (peftreplay.py).
+        # How the base is pulled, where that alone fixes its structure (formats/peft/replay.py).
         pulled_as=None if target.model is not None or target.device_map is not None else (
             target.device, target.dtype, target.align_inputs))
 

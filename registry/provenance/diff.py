@@ -23,10 +23,10 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .. import adapters
 from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import VersionFile, weight_files
+from ..formats import table as formats
 from ..pipelines import pull as pulling
 from ..refs import Ref
 from ..settings import Settings
@@ -242,8 +242,7 @@ def adapter_over_base(adapter: VersionRecord, base: VersionRecord, open_blob: Op
                       *, adapter_first: bool) -> VersionDiff:
     """Each adapted module's effective change ``B @ A * scaling`` against its base weight."""
     origin = _ref(adapter)
-    record = adapters.check(adapter.manifest["adapter"], origin)
-    config = record["config"]
+    config = formats.adapter(adapter.manifest, origin).record["config"]
     pairs = _lora_pairs(adapter.manifest["tensors"])
     rollup, changed = _Rollup(), []
     with ExitStack() as stack:

@@ -384,7 +384,7 @@ def test_each_lora_layer_lands_on_its_base_layers_device(reg: Registry) -> None:
     them). ``meta`` stands in for a second device on this GPU-less machine."""
     from safetensors.torch import load_file
 
-    from registry.adapters import attach
+    from registry.formats.lora import attach
     from registry.refs import parse
 
     reg.push(_base(), "gpt2-tiny")

@@ -1,6 +1,6 @@
 """An adapter's LoRA layers built by PEFT once per kind and copied for the rest
-(registry/loracopies.py): the copies are what PEFT builds, share nothing, and PEFT builds every
-layer wherever a copy could differ."""
+(registry/formats/peft/copies.py): the copies are what PEFT builds, share nothing, and PEFT
+builds every layer wherever a copy could differ."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from registry import Registry, loracopies
+from registry import Registry
+from registry.formats.peft import copies as loracopies
 from registry.metaparams import empty_parameters
 
 peft = pytest.importorskip("peft")

@@ -1,5 +1,5 @@
 """PEFT's attach of an adapter recorded once and replayed on later bases
-(registry/peftreplay.py): a replay is what PEFT gives, two replays share nothing, and PEFT
+(registry/formats/peft/replay.py): a replay is what PEFT gives, two replays share nothing, and PEFT
 attaches wherever a replay could differ."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from registry import Registry, peftreplay
+from registry import Registry
+from registry.formats.peft import replay as peftreplay
 
 from .test_loracopies import CONFIGS, IDS, _filled, _gpt2, _inject, _llama
 

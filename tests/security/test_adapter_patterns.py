@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from registry import AdapterError, Registry, adapterpatterns
+from registry import AdapterError, Registry
+from registry.formats.peft import patterns as adapterpatterns
 from tests.security.test_manifests import _manifest
 from tests.security.test_quantized_records import _gpt2, _tamper
 

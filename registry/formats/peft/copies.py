@@ -121,7 +121,7 @@ def _plain(value: Any) -> bool:
 def registration_hooks() -> bool:
     """Whether a global module, parameter or buffer registration hook is set
     (``torch.nn.modules.module.register_module_*_registration_hook``): it must see PEFT build
-    every module, which neither a copy nor a replay (peftreplay.py) registers."""
+    every module, which neither a copy nor a replay (replay.py) registers."""
     return any(getattr(torch_module, name, None) for name in (
         "_global_module_registration_hooks", "_global_parameter_registration_hooks",
         "_global_buffer_registration_hooks"))

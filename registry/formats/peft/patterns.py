@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import AdapterError, quoted
+from ...errors import AdapterError, quoted
 
 MAX_PATTERN = 256
 MAX_PATTERNS = 256  # keys of rank_pattern / alpha_pattern

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .loracopies import hooked, registration_hooks, slotted
+from .copies import hooked, registration_hooks, slotted
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
             torch.Size, enum.Enum)
