@@ -52,6 +52,10 @@ MAX_HELD = 1024
 HASH_ATTEMPTS = 3
 # A blob's lock file is its path with this suffix (never a digest: those are hex only).
 LOCK_SUFFIX = ".lock"
+# Looks for a blob in the cache, each after waiting for its lock, before a pull gives up: the
+# first may find another process fetching it, a later one a file pruned in the instant the lock
+# was free.
+OPEN_ATTEMPTS = 4
 
 
 def _identity(path: Path, fd: int | None = None) -> list[int]:
@@ -282,48 +286,62 @@ class BlobCache:
              size: int | None = None) -> BinaryIO:
         """:meth:`get`, returning the verified file open (see :meth:`VerifiedFiles.open`),
         holding the blob's lock shared until it is closed. While another process downloads the
-        blob this waits for it, then opens what it verified; if that process dies, this one
-        downloads."""
+        blob this waits for it (sharing the lock with every other waiter, so all of them read
+        the blob as soon as it is there), then opens what it verified; if that process dies,
+        this one downloads."""
         target = self.path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         lock = self._lock(digest, fcntl.LOCK_SH)  # waits while a download or a prune holds it
         try:
-            fh = self._open_held(target, digest, size, lock)
-            if fh is not None:
-                return fh
-            # Not here, or corrupt: take the lock alone (another waiter may have fetched it by
-            # the time we have it), then fetch, then share the lock again to read.
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            fh = self._open_held(target, digest, size, lock, discard=True)
-            if fh is not None:
-                return fh
-            self._download(digest, target, download)
-            fcntl.flock(lock, fcntl.LOCK_SH)
-            fh = self._open_held(target, digest, size, lock)
-            if fh is None:
-                raise DigestMismatchError(f"cached blob {target} vanished right after it was "
-                                          "verified; pull again")
-            return fh
+            for attempt in range(OPEN_ATTEMPTS):
+                fh = self._open_held(target, digest, size, lock)
+                if fh is not None:
+                    return fh
+                # Not here, or corrupt: take the lock alone, then fetch. A process holding it
+                # is most likely fetching the blob: wait for that sharing the lock (a failed
+                # LOCK_NB conversion holds nothing), then look again. Blocked on LOCK_EX, the
+                # waiters would wake one at a time.
+                if attempt == 0 and not _locked_alone(lock):
+                    fcntl.flock(lock, fcntl.LOCK_SH)
+                    continue
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                # Another waiter may have fetched it by the time this one has the lock alone.
+                if not self._verified_here(target, digest, size):
+                    self._download(digest, target, download)
+                # Share the lock again to read (every waiter wakes now); the file is opened
+                # and checked again under it, since the lock was free for an instant.
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            raise DigestMismatchError(f"cached blob {target} vanished right after it was "
+                                      "verified; pull again")
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(lock)
             raise
 
-    def _open_held(self, target: Path, digest: str, size: int | None, lock: int, *,
-                   discard: bool = False) -> BinaryIO | None:
+    def _verified_here(self, target: Path, digest: str, size: int | None) -> bool:
+        """Whether ``target`` holds verified bytes of ``digest``; a corrupt file is removed
+        (the caller holds the blob's lock alone)."""
+        if not os.path.lexists(target):
+            return False
+        try:
+            self.verified.open(target, digest, what="cached blob", size=size).close()
+        except FileNotFoundError:
+            return False
+        except DigestMismatchError:
+            _remove(target)  # a corrupt cache entry is discarded and fetched again
+            return False
+        return True
+
+    def _open_held(self, target: Path, digest: str, size: int | None, lock: int
+                   ) -> BinaryIO | None:
         """The verified file at ``target`` holding ``lock`` once open, or None when there is no
-        such file (or, with ``discard``, a corrupt one, which is then removed: this process
-        holds the lock alone)."""
+        such file, or a corrupt one (left for a process holding the lock alone to remove)."""
         if not os.path.lexists(target):
             return None
         try:
             fh = self.verified.open(target, digest, what="cached blob", size=size,
                                     file_class=HeldFile)
-        except FileNotFoundError:
-            return None
-        except DigestMismatchError:
-            if discard:
-                _remove(target)  # a corrupt cache entry is discarded and fetched again
+        except (FileNotFoundError, DigestMismatchError):
             return None
         assert isinstance(fh, HeldFile)
         fh.lock_fd = lock
@@ -399,6 +417,15 @@ class BlobCache:
                 os.close(fd)
                 raise
             os.close(fd)
+
+
+def _locked_alone(fd: int) -> bool:
+    """Whether the lock on ``fd`` became exclusive without waiting (if not, none is held)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _remove(path: Path) -> None:
