@@ -191,8 +191,8 @@ def _s3_note(reg: registry.Registry, ref: str, download: float, pull: float) -> 
             + (": the hash, not the transfer, is the bound, and only a faster sha256 (CPUs "
                "with SHA-NI run it at 1.5-2 GB/s) or skipping verification would close it."
                if hashing > download else
-               "; what is left above that is the in-order handover of parts to the hashing "
-               "writer (s3transfer holds back parts that arrive early) and the cache rename.")
+               "; what is left above that is the hash of the bytes that arrive after the "
+               "parts before them (sha256 runs in order) and the cache rename.")
             )
 
 

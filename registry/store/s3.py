@@ -4,10 +4,11 @@
 ``manifests/<name>/v<N>.json``) under ``prefix``. boto3 is imported when a store is first used,
 never by ``import registry``.
 
-Transfers go through s3transfer's managed transfer: multipart uploads with concurrent parts, and
-downloads as concurrent ranged GETs written into the caller's temporary file (s3transfer writes
-the caller's temporary file in order, hashing as the bytes arrive). The caller (``BlobCache``)
-compares that digest with the one recorded and only then renames the file into the cache.
+Uploads go through s3transfer's managed transfer: multipart with concurrent parts. Downloads are
+ranged GETs of our own (store/ranged.py): concurrent parts written at their offsets into the
+caller's temporary file, hashed in order on the calling thread as they land, one GET and no
+thread for an object within one part. The caller (``BlobCache``) compares that digest with the
+one recorded and only then renames the file into the cache.
 
 Every botocore and s3transfer error is translated in one place, ``s3_errors.mapped_errors``;
 messages name the endpoint, bucket and key, never credentials.
@@ -26,24 +27,26 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .._progress import transfer
-from ..errors import RefError, SettingsError, StoreUnavailableError
+from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
+from . import ranged
 from .base import Progress
 from .layout import BLOBS, touched_key
 from .retry import DEFAULT_RETRY_SECONDS, Backoff, T, Unreachable, retried
 from .s3_errors import NO_BUCKET_CODES, Missing, error_code, mapped_errors, redact
-from .sizes import BoundedWriter, known_size
+from .sizes import check_size
 
 DEFAULT_REGION = "us-east-1"
 # Defaults: parts of 16 MiB, 8 in flight per object (REGISTRY_S3_PART_SIZE and
-# REGISTRY_S3_CONCURRENCY change them; s3transfer buffers at most max_io_queue parts).
+# REGISTRY_S3_CONCURRENCY change them; a download holds a 2 MiB buffer per part in flight).
 PART_SIZE = DEFAULT_S3_PART_SIZE
 CONCURRENCY = DEFAULT_S3_CONCURRENCY
 MAX_ATTEMPTS = 4  # botocore's tries of one call; retry.py retries operations over a window
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 PRESIGN_EXPIRES_S = 3600
+EMPTY_DIGEST = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
@@ -228,22 +231,36 @@ class S3Store:
 
     def get_to_file(self, key: str, path: Path, *, progress: Progress | None = None,
                     size: int | None = None) -> str:
-        """Concurrent ranged GETs into ``path``, hashed as the bytes arrive (the writer is not
-        seekable, so s3transfer hands it the parts in order and sha256 runs alongside the
-        download); returns the digest. With ``size`` (the manifest's), another size is refused
-        before a byte is read, and no byte past it is asked for or taken (store/sizes.py)."""
-        from boto3.s3.transfer import ProgressCallbackInvoker, create_transfer_manager
+        """Ranged GETs into ``path`` (concurrent above the part size, each part written at its
+        offset), hashed in order as the bytes land (store/ranged.py); returns the digest. With
+        ``size`` (the manifest's), another size is refused before a byte is read, and no byte
+        past it is asked for (store/sizes.py); without, the object's size is asked first."""
+        from botocore.exceptions import HTTPClientError, IncompleteReadError
 
         full, what = self._key(key), f"object {key!r} in store {self.url} at {self.where}"
-        subscribers = ([ProgressCallbackInvoker(progress)] if progress else []) + known_size(
-            size, lambda: self.has(key), what)
+        if size is None:
+            size = self.has(key)
+            if size is None:
+                raise NotFoundError(f"{what} not found")
+        else:
+            check_size(size, lambda: self.has(key), what)
+        known: int = size
+
+        def get(start: int, last: int) -> tuple[int, Any]:
+            answer = self.client.get_object(Bucket=self.bucket, Key=full,
+                                            Range=f"bytes={start}-{last}")
+            return int(answer["ContentLength"]), answer["Body"]
 
         def download() -> str:  # each try starts the file again
-            with open(path, "wb", buffering=0) as fh, mapped_errors(self, key), \
-                    create_transfer_manager(self.client, self._transfer_config()) as manager, \
-                    BoundedWriter(fh, size, what) as writer:
-                manager.download(self.bucket, full, writer, subscribers=subscribers).result()
-            return writer.digest()
+            with open(path, "w+b", buffering=0) as fh, mapped_errors(self, key):
+                if not known:
+                    return EMPTY_DIGEST
+                return ranged.download(
+                    fh.fileno(), known, get, part_size=self.part_size,
+                    concurrency=self.concurrency, progress=progress, what=what,
+                    # A broken stream (s3transfer's retryable download errors).
+                    retryable=(HTTPClientError, IncompleteReadError, TimeoutError,
+                               ConnectionError))
         return self._retried(download)
 
     def open_local(self, key: str) -> Path | None:

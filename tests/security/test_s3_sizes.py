@@ -1,4 +1,4 @@
-"""An S3 object is whatever a writer of the bucket put there: the embedded S3 pull (s3transfer)
+"""An S3 object is whatever a writer of the bucket put there: the embedded S3 pull (ranged GETs)
 and the server's check of a presigned upload read no more than the manifest's size. An object
 of another size is refused before a byte of it is read (no GetObject at all); one that grows
 after the size check is cut off at the size."""

@@ -1,0 +1,205 @@
+"""One S3 object into a file by ranged GETs, hashed in order as its bytes land (the S3 store's
+download; boto3 is never imported here: the caller hands in the GET).
+
+An object of ``size`` bytes is asked for in parts of ``part_size``: one GET on the calling thread
+when it fits in one part, else ranged GETs on up to ``concurrency`` threads of its own, which
+take the parts in order of their offsets and write each byte where it belongs (``os.pwrite``).
+Writes are whole :data:`BLOCK`-sized pieces at aligned offsets, so the page cache holds the
+file in 2 MiB folios, which a mapped pull maps with one fault each (digests.py says why).
+
+Meanwhile the calling thread hashes: each stretch of the file is read back (from the page cache)
+and hashed once every byte before it is written, so sha256 runs beside the download, on another
+thread than the sockets, and what is hashed is what the file holds. A single part is hashed as
+it is read. No byte outside ``[0, size)`` is asked for, and an answer longer or shorter than
+its range is refused. A part whose stream breaks is asked again from where it stopped, up to
+:data:`PART_ATTEMPTS` times; the first failure stops the other parts, and nothing returns while
+a part still writes the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DigestMismatchError
+from .base import Progress
+from .retry import Unreachable
+
+# Writes are whole blocks at aligned offsets (but a part's ends): 2 MiB is the smallest piece
+# that still leaves a file in 2 MiB folios (8 MiB writes leave the same, and cost 4x the buffer).
+BLOCK = 2 * 2**20
+# What the hashing thread reads back at once.
+HASH_READ = 8 * 2**20
+# Tries of one part when its stream breaks (s3transfer's num_download_attempts is 5).
+PART_ATTEMPTS = 5
+
+# ``get(start, end)`` asks for ``Range: bytes=start-end`` (inclusive) and answers (the length
+# the answer announces, its body: a stream with ``readinto`` and ``close``).
+Get = Callable[[int, int], tuple[int, Any]]
+
+
+class Stopped(Exception):
+    """Another part failed: this one stops where it is (never escapes :func:`download`)."""
+
+
+class _Parts:
+    """The parts of one object, handed out in order to the threads that fetch them, and the
+    bytes each has written so far (the hashing thread follows them)."""
+
+    def __init__(self, size: int, part_size: int) -> None:
+        self.parts = [(at, min(part_size, size - at)) for at in range(0, size, part_size)]
+        self.written = [0] * len(self.parts)
+        self.next = 0  # the next part to hand out
+        self.failed: BaseException | None = None
+        self.cond = threading.Condition()
+
+    def take(self) -> int | None:
+        with self.cond:
+            if self.failed is not None or self.next == len(self.parts):
+                return None
+            self.next += 1
+            return self.next - 1
+
+    def wrote(self, index: int, done: int) -> None:
+        with self.cond:
+            self.written[index] = done
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.failed is None:
+                self.failed = exc
+            self.cond.notify_all()
+
+    def ready(self, hashed: int) -> int:
+        """Wait until bytes are written past the first ``hashed`` (each before them written
+        too); the written prefix's length then. Raises the first failure of a part."""
+        with self.cond:
+            while True:
+                if self.failed is not None:
+                    raise self.failed
+                prefix = 0
+                for (at, length), done in zip(self.parts, self.written, strict=True):
+                    prefix = at + done
+                    if done < length:
+                        break
+                if prefix > hashed:
+                    return prefix
+                self.cond.wait()
+
+
+def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
+             retryable: tuple[type[BaseException], ...], what: str,
+             progress: Progress | None = None) -> str:
+    """Write the object's ``size`` bytes into ``fd`` (an empty file open for reading and
+    writing) and return their ``"sha256:<hex>"``. ``retryable``: the errors of a broken stream,
+    after which a part is asked again from where it stopped (:class:`Unreachable` once it broke
+    :data:`PART_ATTEMPTS` times); ``what`` names the object in messages."""
+    sha = hashlib.sha256()
+    fetch = _Fetch(fd, get, retryable, what, progress)
+    if size <= part_size:
+        fetch(0, size, sha=sha)
+        return f"sha256:{sha.hexdigest()}"
+    parts = _Parts(size, part_size)
+
+    def work() -> None:
+        try:
+            while (index := parts.take()) is not None:
+                at, length = parts.parts[index]
+                fetch(at, length, parts=parts, index=index)
+        except Stopped:
+            pass
+        except BaseException as exc:  # handed to the hashing thread, which raises it
+            parts.fail(exc)
+
+    threads = [threading.Thread(target=work, name="registry-s3-part", daemon=True)
+               for _ in range(min(concurrency, len(parts.parts)))]
+    for thread in threads:
+        thread.start()
+    try:
+        view = memoryview(bytearray(HASH_READ))
+        hashed = 0
+        while hashed < size:
+            ready = parts.ready(hashed)
+            while hashed < ready:
+                n = os.preadv(fd, [view[:min(HASH_READ, ready - hashed)]], hashed)
+                if n <= 0:
+                    raise DigestMismatchError(f"{what}: a downloaded part vanished from its "
+                                              "file before it was hashed; it was discarded")
+                sha.update(view[:n])
+                hashed += n
+    except BaseException:
+        parts.fail(Stopped())  # the parts still running stop at their next block
+        raise
+    finally:
+        for thread in threads:  # nothing writes to ``fd`` once this returns
+            thread.join()
+    return f"sha256:{sha.hexdigest()}"
+
+
+class _Fetch:
+    """Fetches byte ranges of one object into ``fd``, in whole aligned blocks."""
+
+    def __init__(self, fd: int, get: Get, retryable: tuple[type[BaseException], ...],
+                 what: str, progress: Progress | None) -> None:
+        self.fd, self.get, self.retryable = fd, get, retryable
+        self.what, self.progress = what, progress
+
+    def __call__(self, offset: int, length: int, *, sha: Any = None,
+                 parts: _Parts | None = None, index: int = 0) -> None:
+        """Bytes ``[offset, offset + length)`` into the file at ``offset``; hashed into ``sha``
+        as read, or counted into ``parts`` as written."""
+        view = memoryview(bytearray(BLOCK))
+        done = 0  # bytes of the range written
+        for attempt in range(PART_ATTEMPTS):
+            start, last = offset + done, offset + length - 1
+            announced, body = self.get(start, last)
+            try:
+                if announced != last - start + 1:
+                    raise DigestMismatchError(
+                        f"{self.what}: the store answered {announced} bytes for bytes "
+                        f"{start}-{last}; it was discarded")
+                while done < length:
+                    if parts is not None and parts.failed is not None:
+                        raise Stopped()
+                    filled = self._block(body, view, offset + done, offset + length, start)
+                    if sha is not None:
+                        sha.update(view[:filled])
+                    at, written = offset + done, 0
+                    while written < filled:
+                        written += os.pwrite(self.fd, view[written:filled], at + written)
+                    done += filled
+                    if parts is not None:
+                        parts.wrote(index, done)
+                    if self.progress is not None:
+                        self.progress(filled)
+                if body.readinto(view[:1]):  # read to its end: the connection is kept
+                    raise DigestMismatchError(f"{self.what}: the store's answer for bytes "
+                                              f"{start}-{last} is longer; it was discarded")
+                return
+            except self.retryable as exc:
+                if attempt == PART_ATTEMPTS - 1:
+                    raise Unreachable(
+                        f"{self.what}: the download of bytes {start}-{last} broke "
+                        f"{PART_ATTEMPTS} times ({type(exc).__name__}); check that the endpoint "
+                        "is up and REGISTRY_S3_ENDPOINT_URL is right") from None
+            finally:
+                body.close()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _block(self, body: Any, view: memoryview, at: int, end: int, start: int) -> int:
+        """Read the bytes from ``at`` up to the next :data:`BLOCK` boundary (or ``end``) into
+        ``view``; how many."""
+        want = min(end, (at // BLOCK + 1) * BLOCK) - at
+        filled = 0
+        while filled < want:
+            n = body.readinto(view[filled:want])
+            if not n:
+                raise DigestMismatchError(f"{self.what}: the store's answer for bytes "
+                                          f"{start}-{end - 1} ended at byte {at + filled}; it "
+                                          "was discarded")
+            filled += n
+        return filled
