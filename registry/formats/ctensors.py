@@ -20,18 +20,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
-from .base import Flat
+from .base import Flat, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     Checked,
-    Runs,
     dtype_name,
     keep_stored,
     quantization_record,
@@ -196,32 +195,17 @@ def _strings(value: object) -> bool:
 
 # -- pull: the packed layout given to the model --------------------------------------------------
 
-def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Packed:
-    return Packed(record, METHODS[record["method"]], origin)
+def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Steps:
+    """Each packed module's components make its ``weight``, of the recorded logical shape."""
+    components = {f"{path}.{c}": f"{path}.weight" for path in record["modules"] for c in PARTS}
+    return Steps(origin, METHODS[record["method"]], drop=frozenset(components),
+                 logical={f"{p}.weight": m["shape"] for p, m in record["modules"].items()},
+                 components=components, format=Packed(record, origin))
 
 
 class Packed(Checked):
-    """A compressed-tensors version's checked record: which stored components make up each
-    packed module's weight, and the module rebuilt with them."""
-
-    def _components(self, path: str) -> set[str]:
-        return {f"{path}.{c}" for c in PARTS}
-
-    def module_keys(self, stored: Iterable[str]) -> set[str]:
-        """The float model's keys: each packed module's components fill its ``weight``."""
-        keys = set(stored)
-        for path in self.record["modules"]:
-            keys = (keys - self._components(path)) | {f"{path}.weight"}
-        return keys
-
-    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in specs.items() if k in self.module_keys(specs)}
-        out.update({f"{p}.weight": {"shape": m["shape"]}
-                    for p, m in self.record["modules"].items()})
-        return out
-
-    def owners(self) -> dict[str, str]:
-        return {c: f"{p}.weight" for p in self.record["modules"] for c in self._components(p)}
+    """A compressed-tensors version's checked record: the model given compressed-tensors'
+    packed layout for its stored components, or the float weights they unpack to."""
 
     def _schemes(self) -> dict[str, Any]:
         from compressed_tensors.quantization import QuantizationScheme

@@ -8,16 +8,17 @@ the CPU engines (fbgemm, qnnpack, x86) alone.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
-from .base import Flat
-from .common import Checked, Runs, dtype_name, param_count, quantization_record
+from .base import Flat, Runs, Shell, Steps
+from .common import Checked, dtype_name, param_count, quantization_record
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def check(record: dict[str, Any]) -> str | None:
     return None
 
 
-def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Linears:
+def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Steps:
     """The record's modules against the stored tensors (their manifest specs), before a module
     is built: each one's components stored, of the shapes and dtype its entry gives, each
     module listed once."""
@@ -131,49 +132,28 @@ def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> L
                 f"{origin}: its torch.ao record lists module {quoted(p, 120)} "
                 f"({m['qscheme']}, {shape[1]} -> {shape[0]}), which its stored tensors "
                 f"do not hold ({'; '.join(problems[:3])}); push the model again")
-    return Linears(record, METHODS[record["method"]], origin)
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    modules = record["modules"]
+    drop = {f"{m['path']}.{c}" for m in modules
+            for c in (*_PARTS, *([] if m["bias"] else ["bias"]))}
+    logical = {f"{m['path']}.weight": [m["out_features"], m["in_features"]] for m in modules}
+    logical.update({f"{m['path']}.bias": [m["out_features"]] for m in modules if m["bias"]})
+    shells = {m["path"]: Shell(DynamicLinear, functools.partial(
+        nn.Linear, m["in_features"], m["out_features"], bias=m["bias"], device="meta"))
+        for m in modules}
+    return Steps(origin, METHODS[record["method"]], drop=frozenset(drop), logical=logical,
+                 components={f"{m['path']}.{c}": f"{m['path']}.weight" for m in modules
+                             for c in _PARTS},
+                 shells=shells, format=Linears(record, origin))
 
 
 # -- pull: the dynamic Linears swapped in --------------------------------------------------------
 
 class Linears(Checked):
-    """A torch.ao version's checked record: each module's components make its packed weight."""
-
-    def module_keys(self, stored: Iterable[str]) -> set[str]:
-        keys = set(stored)
-        for m in self.record["modules"]:
-            p = m["path"]
-            keys -= {f"{p}.{c}" for c in (*_PARTS, "bias")}
-            keys |= {f"{p}.weight", *([f"{p}.bias"] if m["bias"] else [])}
-        return keys
-
-    def skeleton(self, module: nn.Module) -> nn.Module:
-        """``module`` as the pull fills it: a ``quantize_dynamic`` model given as ``model=`` (the
-        quantized skeleton a user holds) gets float ``nn.Linear`` shells of the recorded shapes
-        where its dynamic Linears are, as the float builder would have given them."""
-        for m in self.record["modules"]:
-            parent_path, _, attr = m["path"].rpartition(".")
-            try:
-                parent = module.get_submodule(parent_path)
-            except AttributeError:
-                continue  # check_fits names what the model lacks
-            if is_dynamic_linear(parent._modules.get(attr)):
-                parent._modules[attr] = nn.Linear(m["in_features"], m["out_features"],
-                                                  bias=m["bias"], device="meta")
-        return module
-
-    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
-        keys = self.module_keys(specs)
-        out = {k: v for k, v in specs.items() if k in keys}
-        for m in self.record["modules"]:
-            out[f"{m['path']}.weight"] = {"shape": [m["out_features"], m["in_features"]]}
-            if m["bias"]:
-                out[f"{m['path']}.bias"] = {"shape": [m["out_features"]]}
-        return out
-
-    def owners(self) -> dict[str, str]:
-        return {f"{m['path']}.{c}": f"{m['path']}.weight" for m in self.record["modules"]
-                for c in _PARTS}
+    """A torch.ao version's checked record: each module's components make its packed weight,
+    swapped into the model as a dynamic Linear (a ``model=`` holding them gets float shells
+    first, :class:`~registry.formats.common.Shell`)."""
 
     def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
         """Packed params live only in their modules, so the stored components come back as

@@ -5,7 +5,7 @@ FSDP, activation checkpointing) are unwrapped, their key prefixes stripped, tens
 moved to the CPU, tied tensors stored once with their aliases recorded, and anything that cannot
 be stored faithfully is refused with the key that holds it. A module in a quantization format
 is flattened first by that format (the table gives :func:`normalize` the formats). A float
-version's pull steps are :class:`~registry.formats.common.Plain`'s.
+version's pull steps leave what they are given as it is (:class:`~.common.Steps`).
 """
 
 from __future__ import annotations

@@ -163,6 +163,16 @@ def base_entry(record: Any) -> dict[str, Any]:
 
 # -- pull ------------------------------------------------------------------------------------
 
+def pull(manifest: Mapping[str, Any], origin: str, resolve: Callable[[Ref], Any],
+         pull_base: Callable[[Any], nn.Module],
+         read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool,
+         floats: bool = False, pulled_as: Hashable | None = None) -> nn.Module:
+    """An adapter version checked (:func:`checked`) and pulled on its base
+    (:meth:`Adapter.pull`)."""
+    return checked(manifest, origin).pull(resolve, pull_base, read, merge=merge, floats=floats,
+                                          pulled_as=pulled_as)
+
+
 def checked(manifest: Mapping[str, Any], origin: str) -> Adapter:
     """An adapter version's record checked against its stored tensors (their manifest specs),
     before anything is built."""

@@ -5,7 +5,7 @@ Push hands a model to :func:`flatten` once: it is unwrapped and flattened by the
 is in (``floats.py`` for plain floating weights; a PEFT model's adapter by ``lora.py``, over its
 base version) into plain tensors plus the manifest's record. Pull asks :func:`lookup` once: the
 manifest's ``quantization`` record, checked, gives the version's
-:class:`~registry.formats.base.Steps`; an adapter version's record, :func:`adapter`. A new
+:class:`~registry.formats.common.Steps`; an adapter version's record, :func:`adapter`. A new
 quantization format is one module beside these (its ``LIBRARY``, ``METHODS``, ``flatten``,
 ``check``, ``steps``: :class:`~.base.Format`) and one line in :data:`FORMATS`.
 """
@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
+from ..refs import Ref
 from . import ctensors, dynamic, floats, lora, torchao
-from .base import Bases, Format, NormalizedWeights, Steps
-from .common import Plain, Runs, check_counts
+from .base import Bases, Format, NormalizedWeights, Runs, Steps
+from .common import check_counts
 
 # A recorded ``quantization["library"]`` -> the module that stores and rebuilds it.
 FORMATS: dict[str, Format] = {
@@ -68,16 +70,26 @@ def check(record: object) -> str | None:
 
 
 def lookup(manifest: Mapping[str, Any], origin: str) -> Steps:
-    """Pull's one look-up: the steps of the version's format, :class:`Plain` for a float one.
+    """Pull's one look-up: the steps of the version's format (a float version's are empty).
     QuantizationError for a library or method this registry does not know, and for a record
     that disagrees with its stored tensors or names anything outside its library's allow list
     (nothing is imported for it)."""
     record = manifest.get("quantization")
     if record is None:
-        return Plain()
+        return Steps(origin)
     if problem := check(record):
         raise QuantizationError(f"{origin}: its quantization record {problem}; it was not used")
     return FORMATS[record["library"]].steps(record, manifest, origin)
+
+
+def pull_adapter(manifest: Mapping[str, Any], origin: str, resolve: Callable[[Ref], Any],
+                 pull_base: Callable[[Any], nn.Module],
+                 read: Callable[[torch.device], dict[str, torch.Tensor]], *, merge: bool,
+                 floats: bool = False, pulled_as: Hashable | None = None) -> nn.Module:
+    """Pull's one call into the adapter format: the version checked (as :func:`adapter`), its
+    base pulled by ``pull_base``, its tensors read by ``read`` and attached (``lora.py``)."""
+    return lora.pull(manifest, origin, resolve, pull_base, read, merge=merge, floats=floats,
+                     pulled_as=pulled_as)
 
 
 def adapter(manifest: Mapping[str, Any], origin: str) -> lora.Adapter:

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
-from .base import Flat
+from .base import Flat, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     MAX_NESTING,
     Checked,
-    Runs,
     dtype_name,
     keep_stored,
     param_count,
@@ -211,30 +210,20 @@ def _check_value(value: object, allowed: set[str], depth: int) -> str | None:
 
 # -- pull: the subclasses rebuilt ----------------------------------------------------------------
 
-def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Subclasses:
-    return Subclasses(record, METHODS[record["method"]], origin)
+def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> Steps:
+    """The module's keys are the recorded tensor names; each subclass's components (its
+    ``_tensor_data_names``) are stored as ``<module>._<attr>_<part>``."""
+    components = {f"{name.rpartition('.')[0]}._{name.rpartition('.')[2]}_{part}": name
+                  for name, config in record["config"].items()
+                  for part in config.get("_tensor_data_names", [])}
+    return Steps(origin, METHODS[record["method"]], names=frozenset(record["tensor_names"]),
+                 logical=record["shapes"], components=components,
+                 format=Subclasses(record, origin))
 
 
 class Subclasses(Checked):
-    """A torchao version's checked record: its components fill the module's keys as torchao's
-    tensor subclasses."""
-
-    def module_keys(self, stored: Iterable[str]) -> set[str]:
-        return set(self.record["tensor_names"])
-
-    def shapes(self, specs: dict[str, Any]) -> dict[str, Any]:
-        names = set(self.record["tensor_names"])
-        out = {k: v for k, v in specs.items() if k in names}
-        out.update({k: {"shape": v} for k, v in self.record["shapes"].items()})
-        return out
-
-    def owners(self) -> dict[str, str]:
-        owners: dict[str, str] = {}
-        for name, config in self.record["config"].items():
-            module, _, attr = name.rpartition(".")
-            for part in config.get("_tensor_data_names", []):
-                owners[f"{module}._{attr}_{part}"] = name
-        return owners
+    """A torchao version's checked record: its components rebuilt as torchao's tensor
+    subclasses under the module's keys."""
 
     def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
         """Its tensor subclasses under the module's keys, as ``quantize_``'s model's

@@ -103,7 +103,8 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
     # "auto" makes of their stored dtype on the device (float32 for half precision on the CPU).
     requested = dev.parse_dtype(target.dtype)
     policy = mat.DtypePolicy(requested, [], dev.TorchFacts.probe())
-    return formats.adapter(record.manifest, f"{record.name}:v{record.version}").pull(
+    return formats.pull_adapter(
+        record.manifest, f"{record.name}:v{record.version}",
         lambda base: resolve(backend, settings, base),
         lambda base: module(backend, settings, base, target),
         lambda device: read(backend, settings, record, lambda _k: device, policy, {}),
@@ -121,7 +122,7 @@ def module(backend: Backend, settings: Settings, record: VersionRecord, target: 
     requested = dev.parse_dtype(target.dtype)
     facts = dev.TorchFacts.probe()
     ref_text = f"{record.name}:v{record.version}"
-    scheme = formats.lookup(manifest, ref_text)  # formats.common.Plain for float versions
+    scheme = formats.lookup(manifest, ref_text)  # its steps, empty for a float version
     device = scheme.auto_device(target.device, facts)
     tied = dict(manifest["source"].get("tied", {}))
     stored = scheme.module_keys({*manifest["tensors"], *tied})

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from registry.devices import CudaDevice, TorchFacts
-from registry.formats.common import Runs
+from registry.formats.base import Runs
 from registry.formats.table import METHODS, check
 
 A100 = TorchFacts(cuda=(CudaDevice(0, 2**34, 2**35, (8, 0)),))

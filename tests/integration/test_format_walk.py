@@ -1,0 +1,44 @@
+"""Each format module is entered once on a push and at most twice on a pull (issue #47), as
+tests/walk.py counts entries: push hands the model to ``formats.table.flatten`` once, which asks
+each format once whether the model is in it; pull asks ``formats.table`` once for the version's
+steps (its format checks the record then) and the format rebuilds the read tensors once (an
+adapter: attached once, PEFT's attach calling back into it)."""
+
+from __future__ import annotations
+
+import pytest
+
+import registry
+from tests.walk import Walk, follow
+
+from .test_push_walk import CASES, _float
+
+FORMATS = {f"registry.formats.{m}" for m in ("floats", "torchao", "dynamic", "ctensors", "lora")}
+# case -> the format module that stores it (the others are asked at push and say no)
+STORED_BY = {"float": "floats", "torchao-int8": "torchao", "dynamic-qint8": "dynamic",
+             "adapter": "lora"}
+
+
+def _entries(walk: Walk) -> dict[str, int]:
+    return {room: n for room, n in walk.entries.items() if room in FORMATS}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("case", sorted(STORED_BY))
+def test_a_push_enters_each_format_once_and_a_pull_at_most_twice(case: str) -> None:
+    make, kwargs, _climbs, _most = CASES[case]
+    registry.push(_float(), "warm-up")  # the default registry opened, its catalog created
+    model = make()
+    pushed = follow(lambda: registry.push(model, case, **kwargs))
+    entries = _entries(pushed)
+    shown = f"{case}: {pushed.summary()}\n{pushed.render()}"
+    assert f"registry.formats.{STORED_BY[case]}" in entries, shown
+    assert set(entries.values()) == {1}, shown
+
+    registry.pull(case, device="cpu", model=_float)  # PEFT's first attach is its own
+    pulled = follow(lambda: registry.pull(case, device="cpu", model=_float))
+    entries = _entries(pulled)
+    shown = f"{case}: {pulled.summary()}\n{pulled.render()}"
+    assert max(entries.values(), default=0) <= 2, shown
+    if STORED_BY[case] != "floats":  # a float version's steps are the empty ones
+        assert entries.get(f"registry.formats.{STORED_BY[case]}") == 2, shown
