@@ -107,8 +107,8 @@ def webhook_rows(b: Bench) -> list[Row]:
     row.ok = h / p <= 1.02
     row.notes.append(
         f"Samples (s): with webhooks {t['hooked'].spread()}, without {t['plain'].spread()}. "
-        f"The process's CPU time per push (median): {duration(cpu_h)} with webhooks, "
-        f"{duration(cpu_p)} without. "
+        f"The process's CPU time per push (median): {duration(cpu_h, ms_below=100)} with "
+        f"webhooks, {duration(cpu_p, ms_below=100)} without. "
         f"{delivered} deliveries of the timed and warm-up pushes were delivered (a POST to a "
         "loopback receiver each), those of each push by the worker thread during the next "
         "push to the same registry.")
