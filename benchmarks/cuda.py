@@ -116,7 +116,7 @@ def cuda_pull(b: Bench) -> list[Row]:
     row.notes.append(
         f"{torch.cuda.get_device_name(device)}; {nbytes / MB:.0f} MB float32 file; samples (s): "
         + "; ".join(f"{k} {timing.spread()}" for k, timing in t.items()) + ". The pull "
-        "stages through two pinned 32 MiB buffers (registry/staging.py); the pinned copy is one "
+        "stages through two pinned 32 MiB buffers (registry/io/staging.py); the pinned copy is one "
         "host-to-device copy of the whole file from memory already pinned, a floor no loader "
         "that reads a file can reach.")
     return [row]

@@ -196,7 +196,7 @@ def _measure(b: Bench, row: Row, size: Size, rounds: int, moto: str,
     files = mv.metadata["files"]
     nbytes = sum(int(f["size"]) for f in files)
     keys = [store.uri(mf.blob_key(f["digest"])).removeprefix(f"s3://{BUCKET}/") for f in files]
-    from registry.parallel import DOWNLOAD_CONCURRENCY
+    from registry.io.parallel import DOWNLOAD_CONCURRENCY
 
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # benchmarks.helpers
     with _server(home, store_url, proxy.url) as url:

@@ -176,7 +176,7 @@ def warm_and_cold(b: Bench) -> list[Row]:
         row.notes.append("Samples (s): " + "; ".join(f"{n} {t[n].spread()}" for n in t) + ".")
         row.notes.append(
             f"The pull maps its pages on {b.reg.settings.prefault_threads} threads, one where "
-            "the shard is out of the page cache (registry/prefault.py), on top of the kernel's "
+            "the shard is out of the page cache (registry/io/prefault.py), on top of the kernel's "
             f"readahead (this disk's window: {_read_ahead_kb()} KiB).")
         row.notes.append(_huge_note(b, prepare))
         if cold:

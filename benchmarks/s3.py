@@ -167,7 +167,7 @@ def _s3_pull(b: Bench, row5: Row, row6: Row, endpoint: services.Endpoint) -> Non
 
 def _s3_note(reg: registry.Registry, ref: str, download: float, pull: float) -> str:
     """Split a cold S3 pull into download, hash and load, to say where the gap is."""
-    from registry.digests import sha256_file
+    from registry.io.digests import sha256_file
 
     clear_cache(reg)
     start = time.perf_counter()
@@ -262,7 +262,7 @@ def _second_pull(b: Bench, row: Row, remote: tuple[str, str] | None) -> None:
 def sharded_s3_pull(b: Bench) -> list[Row]:
     import boto3
 
-    from registry.parallel import DOWNLOAD_CONCURRENCY as workers
+    from registry.io.parallel import DOWNLOAD_CONCURRENCY as workers
 
     # In a default run the S3 model, not the ~4 GB one of rows 10-11: see S3_SHARD.
     size = QUICK if b.quick else S3_MODEL

@@ -18,17 +18,17 @@ from torch import nn
 
 from .cachedir import CacheListing, PruneReport
 from .client import ModelInput, Registry
-from .devices import DeviceRequest, DtypeRequest
 from .doors.uri import Format
 from .events import Event
 from .exports import Artifact, ExportFormat
 from .gc import GcReport
 from .governance import ModelGovernance, Trashed
+from .io.parallel import DOWNLOAD_CONCURRENCY
 from .manifest import ModelVersion
-from .materialize import ModelSpec
+from .model.devices import DeviceRequest, DtypeRequest
+from .model.materialize import ModelSpec
+from .model.placement import DeviceMap, NoSplit
 from .oci.results import OciPush
-from .parallel import DOWNLOAD_CONCURRENCY
-from .placement import DeviceMap, NoSplit
 from .prefetching import PrefetchReport
 from .provenance.bom import BomFormat
 from .provenance.diff import VersionDiff

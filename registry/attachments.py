@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import boundedjson, safewrite
-from .digests import HashingWriter
+from . import boundedjson
 from .errors import CheckpointError, NormalizationError
 from .files import (
     MAX_FILE_BYTES,
@@ -31,6 +30,8 @@ from .files import (
     check_file_name,
     is_weights_name,
 )
+from .io import safewrite
+from .io.digests import HashingWriter
 
 _CHUNK = 1024 * 1024
 # Files HF tooling leaves in a model directory that do not belong to the model.

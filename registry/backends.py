@@ -32,7 +32,7 @@ from .files import (
 from .gc import DEFAULT_GRACE, GcReport, collect, orphan_manifests
 from .governance import GovernanceOps
 from .governance.local import LocalGovernance
-from .parallel import UPLOAD_CONCURRENCY, concurrently
+from .io.parallel import UPLOAD_CONCURRENCY, concurrently
 from .publish import Copies, rebuild
 from .refs import Ref
 from .settings import DEFAULT_PUSH_LEASE, DEFAULT_TRASH_DAYS, Settings, redact_url

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import boundedjson
-from .digests import hexdigest, sha256_file
 from .errors import DigestMismatchError
+from .io.digests import hexdigest, sha256_file
 
 # Where signing.oms.recall finds the signature checks that passed (see the layout above).
 SIGNATURE_MEMOS = "signatures"

@@ -41,11 +41,11 @@ from typing import Any
 from . import boundedjson
 from .cache import LOCK_SUFFIX, SIGNATURE_MEMOS, BlobCache
 from .catalog.records import VersionRecord
-from .digests import check_digest
 from .doors import hubcache
 from .doors.hubcache import DerivedRevision
 from .errors import RefError
 from .files import version_files
+from .io.digests import check_digest
 
 VERSIONS = "versions"
 HUB = "hub"  # the Hub door's derived revisions

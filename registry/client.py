@@ -14,23 +14,25 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import architectures, attachments
-from . import devices as dev
+from . import attachments
 from . import manifest as mf
-from . import materialize as mat
 from .doors import uri as uri_door
 from .errors import AdapterError, RefError
 from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
-from .factories import factory_string, warn_if_unpullable
 from .formats import table as formats
 from .formats.base import Bases
+from .io.weights import write_shards
 from .manifest import ModelVersion
+from .model import architectures
+from .model import devices as dev
+from .model import materialize as mat
+from .model.factories import factory_string, warn_if_unpullable
+from .model.placement import DeviceMap, NoSplit
 from .oci import door as oci_door
 from .oci.results import OciPush
 from .pipelines import pull as pulling
-from .placement import DeviceMap, NoSplit
 from .pretrained import write_pretrained
 from .provenance import capture
 from .provenance import diff as diffs
@@ -48,7 +50,6 @@ from .refs import (
 from .settings import parse_size
 from .signing.facade import SignedVersions
 from .versions import model_version
-from .weights import write_shards
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 

@@ -23,8 +23,8 @@ from typing import cast
 from . import boundedjson
 from .errors import DigestMismatchError, NotFoundError
 from .files import VersionFile
+from .io.parallel import concurrently
 from .manifest import blob_key
-from .parallel import concurrently
 from .store import ObjectStore, Presigning, layout
 
 CHECKED = layout.CHECKED

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .digests import version_digest
 from .errors import DigestMismatchError, ManifestError, RefError
+from .io.digests import version_digest
 
 Role = Literal["weights", "file", "export", "signature"]
 # Roles a push may list (exports are registered after the version exists).
@@ -33,7 +33,7 @@ ROLES: tuple[str, ...] = ("weights", "file")
 # The largest file attached to a version (registry/attachments.py; a server refuses more).
 MAX_FILE_BYTES = 100 * 2**20
 
-# Weights files and shard indexes: a push normalizes them (registry/checkpoints.py), never
+# Weights files and shard indexes: a push normalizes them (registry/io/checkpoints.py), never
 # stores them as attached files.
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -150,7 +150,7 @@ def version_files(manifest: Mapping[str, Any]) -> list[VersionFile]:
 
 
 def weights_digest(files: Iterable[VersionFile]) -> str:
-    """The digest that names a version's weights (see :func:`registry.digests.version_digest`)."""
+    """The digest that names a version's weights (:func:`registry.io.digests.version_digest`)."""
     return version_digest([f.digest for f in files if f.role == "weights"])
 
 

@@ -11,7 +11,7 @@ Format 2 (written since sharding) lists shards in ``files``::
 
 Format 1 had exactly one file and no ``tensors`` list in it; it keeps loading. A manifest's
 ``digest`` names its weights: the one shard's digest, or the sha256 of the canonical JSON list
-of its shard digests (:func:`registry.digests.version_digest`).
+of its shard digests (:func:`registry.io.digests.version_digest`).
 
 Everything read back is untrusted: :func:`validate` checks a manifest's schema, bounds, that
 every stored tensor is in exactly one shard, that tied aliases point at stored tensors, and that
@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
-from . import architectures, boundedjson, statedict
-from .digests import check_digest, sha256_bytes, version_digest
+from . import boundedjson
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .files import VersionFile, check_file_name, weights_digest
+from .io.digests import check_digest, sha256_bytes, version_digest
+from .model import architectures, statedict
 from .provenance import lineage
 from .refs import MAX_VERSION, validate_name
 from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # noqa: F401

@@ -21,7 +21,7 @@ from .cache import SIGNATURE_MEMOS, BlobCache
 from .catalog.records import VersionRecord
 from .errors import RefError
 from .files import VersionFile, attached_files, total_size, unique_by_digest, weight_files
-from .parallel import DOWNLOAD_CONCURRENCY, concurrently
+from .io.parallel import DOWNLOAD_CONCURRENCY, concurrently
 from .record_check import checked
 from .refs import Ref, parse
 from .signing import service as signing

@@ -28,14 +28,15 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import attachments, safewrite
-from . import devices as dev
+from . import attachments
 from .errors import ArchitectureUnknownError
 from .files import VersionFile
 from .formats import table as formats
 from .formats.common import dtype_name
+from .io import safewrite
+from .io.weights import load_shard, write_safetensors
+from .model import devices as dev
 from .pretrained_files import listing, written_dtype
-from .weights import load_shard, write_safetensors
 
 # safetensors weights a previous write may have left: transformers loads a ``model.safetensors``
 # before an index, so one left beside new shards would be loaded instead of them. Other files

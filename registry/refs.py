@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .digests import PATTERN as DIGEST_PATTERN
 from .errors import RefError, quoted
+from .io.digests import PATTERN as DIGEST_PATTERN
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"
 ALIAS_PATTERN = r"[a-z][a-z0-9_-]{0,62}"

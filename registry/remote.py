@@ -23,13 +23,13 @@ from .audit import ServerEvents
 from .backends import PushResult
 from .cache import BlobCache
 from .catalog.records import VersionRecord
-from .digests import check_digest
 from .errors import RegistryError, ServerUnavailableError, SettingsError, quoted
 from .exports.remote import RemoteExports
 from .files import StagedFile
 from .gc import GcReport
 from .governance.remote import ServerGovernance
-from .parallel import UPLOAD_CONCURRENCY, concurrently
+from .io.digests import check_digest
+from .io.parallel import UPLOAD_CONCURRENCY, concurrently
 from .refs import Ref, parse, validate_name
 from .signing.remote import RemoteSignatures
 from .transport import Transport, segment, upload_targets

@@ -117,7 +117,8 @@ class Settings:
     gc_grace: timedelta = DEFAULT_GC_GRACE
     # How long a deleted version stays in the trash, restorable, before gc purges it.
     trash_days: float = DEFAULT_TRASH_DAYS
-    # Threads mapping the pages of a pull's memory-mapped tensors (registry/prefault.py); 0: none.
+    # Threads mapping the pages of a pull's memory-mapped tensors (registry/io/prefault.py);
+    # 0: none.
     prefault_threads: int = DEFAULT_PREFAULT_THREADS
     # Part size and parts in flight of one S3 transfer (uploads and ranged GETs alike).
     s3_part_size: int = DEFAULT_S3_PART_SIZE

@@ -23,7 +23,6 @@ from urllib.parse import quote, urlsplit
 from . import boundedjson
 from ._progress import transfer
 from .cache import BlobCache
-from .digests import HashingWriter, check_digest
 from .errors import (
     DigestMismatchError,
     RefError,
@@ -34,6 +33,7 @@ from .errors import (
     quoted,
 )
 from .headers import why_not_header_value
+from .io.digests import HashingWriter, check_digest
 from .wire import API, error_class
 
 if TYPE_CHECKING:

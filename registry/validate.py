@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from . import boundedjson
 from .catalog.records import VersionRecord
-from .digests import check_digest
 from .errors import CheckpointError, RefError, RegistryError, quoted
+from .io.digests import check_digest
 from .refs import MAX_VERSION, validate_alias, validate_name, validate_tags
 
 T = TypeVar("T")

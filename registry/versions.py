@@ -22,8 +22,8 @@ from .events import MAX_EVENT_ID, Event
 from .exports import Artifact
 from .gc import GcReport
 from .governance import ModelGovernance, Trashed, check_reason, check_retention
+from .io.parallel import DOWNLOAD_CONCURRENCY
 from .manifest import ModelVersion
-from .parallel import DOWNLOAD_CONCURRENCY
 from .prefetching import PrefetchReport
 from .provenance import bom, card, lineage
 from .provenance.bom import BomFormat

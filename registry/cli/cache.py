@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import click
 
 from ..display import human_bytes
-from ..parallel import DOWNLOAD_CONCURRENCY
+from ..io.parallel import DOWNLOAD_CONCURRENCY
 from ._context import emit_json, open_versions
 
 

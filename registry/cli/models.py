@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from .. import safewrite
 from ..display import human_bytes, push_summary, version_summary, version_table, versions_table
+from ..io import safewrite
 from ..provenance.lineage import given_run, parse_dataset
 from ._context import (
     JsonObject,
@@ -122,8 +122,8 @@ def pull(ctx: click.Context, ref: str, device: str, dtype: str, output: str, fmt
 
     import torch
 
-    from ..checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
-    from ..weights import write_safetensors
+    from ..io.checkpoints import KEY_ORDER_FIELD, MODULE_METADATA_FIELD
+    from ..io.weights import write_safetensors
 
     mv = reg.show(ref)
     source = _source(ref, mv.ref)

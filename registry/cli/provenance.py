@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .. import safewrite
 from ..display import human_bytes
+from ..io import safewrite
 from ..provenance.lineage import Lineage
 from ._context import emit_json, open_registry, open_versions
 

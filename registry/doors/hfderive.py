@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .. import attachments
-from ..digests import sha256_file
 from ..files import is_weights_name
+from ..io.digests import sha256_file
 from ..pretrained import write_pretrained, write_shards
 from ..pretrained_files import is_transformers
 from .hubcache import locked, read_listing, write_listing, write_origin

@@ -23,9 +23,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from .. import safewrite
 from ..catalog.records import VersionRecord
 from ..errors import NormalizationError, RefError, quoted
+from ..io import safewrite
 from ..pretrained_files import CONFIG_NAME, INDEX_NAME, listing
 from ..refs import Ref, parse
 

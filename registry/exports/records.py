@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import boundedjson
-from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
+from ..io.digests import check_digest
 from ..store import layout
 from .artifact import FORMATS
 

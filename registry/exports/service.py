@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from .. import safewrite
 from ..backends import Backend
-from ..digests import hexdigest, sha256_file
 from ..errors import ExportError
+from ..io import safewrite
+from ..io.digests import hexdigest, sha256_file
 from ..pipelines import pull as pulling
 from ..refs import Ref, parse
 from ..settings import Settings
@@ -153,7 +153,7 @@ def destination(artifact: Artifact, out: Path) -> Path:
 
 def copy_to(artifact: Artifact, output: Path) -> Path:
     """Copy a verified artifact to :func:`destination` of ``output`` (a new file beside it,
-    renamed into place; folders made one level at a time, see :mod:`registry.safewrite`)."""
+    renamed into place; folders made one level at a time, see :mod:`registry.io.safewrite`)."""
     target = destination(artifact, output)
     safewrite.copy_file(safewrite.folder(target.parent) / target.name, path_of(artifact))
     return target

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from .. import devices as dev
 from ..errors import SchemeDeviceError
+from ..model import devices as dev
 
 if TYPE_CHECKING:
     from ..refs import Ref

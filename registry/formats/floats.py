@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import capture
-from ..checkpoints import read_checkpoint
-from ..devices import device_sort_key
 from ..errors import NormalizationError
-from ..statedict import ModuleMetadata, module_metadata_of
+from ..io.checkpoints import read_checkpoint
+from ..model.architectures import capture
+from ..model.devices import device_sort_key
+from ..model.statedict import ModuleMetadata, module_metadata_of
 from .base import Flat, Format, NormalizedWeights
 from .common import dtype_name
 

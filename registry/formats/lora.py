@@ -27,13 +27,14 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from .. import attachments, prefault, safewrite
-from ..devices import DtypeRequest, parse_dtype
-from ..digests import version_digest
+from .. import attachments
 from ..errors import AdapterError, BaseNotFoundError, NotFoundError, quoted
-from ..metaparams import empty_parameters
+from ..io import prefault, safewrite
+from ..io.digests import version_digest
+from ..io.weights import load_shard, safetensors_header, tensor_bytes, write_safetensors
+from ..model.devices import DtypeRequest, parse_dtype
+from ..model.metaparams import empty_parameters
 from ..refs import Ref
-from ..weights import load_shard, safetensors_header, tensor_bytes, write_safetensors
 from .base import Bases
 from .peft.config import (
     LORA,

@@ -13,8 +13,8 @@ from typing import Any
 
 from ..cache import BlobCache
 from ..catalog.records import VersionRecord
-from ..digests import sha256_bytes
 from ..errors import OciArtifactError
+from ..io.digests import sha256_bytes
 from ..settings import Settings
 from ..signing import SignatureStore
 from . import foreign, signed

@@ -25,14 +25,14 @@ from .. import manifest as mf
 from ..attachments import collect, manifest_entries, stage, transformers_architecture
 from ..cache import BlobCache
 from ..catalog.records import VersionRecord
-from ..digests import hexdigest
 from ..errors import OciArtifactError, RefError, RegistryError
 from ..files import StagedFile, version_files
 from ..formats import table as formats
+from ..io.digests import hexdigest
+from ..io.weights import write_shards
 from ..refs import validate_name
 from ..settings import Settings
 from ..signing.push import check_source
-from ..weights import write_shards
 from . import modelpack
 from .pull import LayerFetcher
 from .unpack import Budget, Expansion, claim, place, unpack

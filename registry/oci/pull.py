@@ -21,10 +21,10 @@ from .. import manifest as mf
 from .._progress import transfer
 from ..cache import BlobCache
 from ..catalog.records import VersionRecord
-from ..digests import hexdigest, sha256_bytes
 from ..errors import DigestMismatchError, OciArtifactError
 from ..files import StagedFile, VersionFile, version_files
-from ..parallel import DOWNLOAD_CONCURRENCY
+from ..io.digests import hexdigest, sha256_bytes
+from ..io.parallel import DOWNLOAD_CONCURRENCY
 from . import modelpack
 from .transport import OciClient
 

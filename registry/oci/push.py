@@ -19,9 +19,9 @@ from pathlib import Path
 from .. import manifest as mf
 from .._progress import transfer
 from ..catalog.records import VersionRecord
-from ..digests import sha256_bytes
 from ..errors import RefError
-from ..parallel import UPLOAD_CONCURRENCY, concurrently
+from ..io.digests import sha256_bytes
+from ..io.parallel import UPLOAD_CONCURRENCY, concurrently
 from . import modelpack
 from .results import OciPush
 from .transport import OciClient

@@ -14,8 +14,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from ..digests import PATTERN as DIGEST_PATTERN
 from ..errors import InsecureTransportError, RefError, quoted
+from ..io.digests import PATTERN as DIGEST_PATTERN
 
 SCHEME = "oci://"
 MAX_REF_CHARS = 512

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..cache import SIGNATURE_MEMOS
-from ..digests import sha256_bytes
 from ..errors import OciArtifactError, SignatureError
+from ..io.digests import sha256_bytes
 from ..settings import Settings
 from ..signing import SignatureStore, service
 from ..signing import records as sig_records

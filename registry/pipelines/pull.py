@@ -10,10 +10,11 @@ other. The stages, in order:
    passes the schema and names the catalog's digest) -> the signature policy
    (``REGISTRY_VERIFY``), before any byte of the version is read;
 2. :func:`read` - the shards through the verified cache (``Backend.open_blob``, or an OCI
-   artifact's layers), each loaded by :func:`registry.weights.load_shard` while the others
+   artifact's layers), each loaded by :func:`registry.io.weights.load_shard` while the others
    still arrive;
 3. :func:`module` / :func:`state_dict` - the module built on ``meta`` and filled by assignment
-   (:mod:`registry.materialize`), placed (:mod:`registry.placement`), or the bare tensors.
+   (:mod:`registry.model.materialize`), placed (:mod:`registry.model.placement`), or the bare
+   tensors.
 """
 
 from __future__ import annotations
@@ -27,23 +28,25 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from .. import architectures, cachedir, placement, prefault
-from .. import devices as dev
-from .. import materialize as mat
+from .. import cachedir
 from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import weight_files
 from ..formats import table as formats
+from ..io import prefault
+from ..io.parallel import as_ready
+from ..io.staging import Stagings
+from ..io.weights import DtypeFor, load_shard
+from ..model import architectures, placement
+from ..model import devices as dev
+from ..model import materialize as mat
+from ..model.placement import DeviceMap, NoSplit
+from ..model.statedict import ordered_state
 from ..oci.door import opened
-from ..parallel import as_ready
-from ..placement import DeviceMap, NoSplit
 from ..prefetching import resolved
 from ..record_check import checked
 from ..refs import Ref, parse
 from ..settings import Settings
-from ..staging import Stagings
-from ..statedict import ordered_state
-from ..weights import DtypeFor, load_shard
 
 # An OCI pull's fetch: (digest, size) -> the path of the verified layer in the cache.
 Fetch = Callable[[str, int], Any]

@@ -27,10 +27,10 @@ from ..backends import Backend
 from ..catalog.records import VersionRecord
 from ..files import VersionFile, weight_files
 from ..formats import table as formats
+from ..io.weights import load_shard
 from ..pipelines import pull as pulling
 from ..refs import Ref
 from ..settings import Settings
-from ..weights import load_shard
 from . import deltas
 from .deltas import Sums
 

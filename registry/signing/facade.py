@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import devices as dev
 from ..manifest import ModelVersion
+from ..model import devices as dev
 from ..pretrained_files import planned_files
 from ..record_check import checked
 from ..refs import Ref, parse

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import validate
-from ..digests import sha256_bytes
 from ..errors import NotFoundError, SignatureError
 from ..files import VersionFile
+from ..io.digests import sha256_bytes
 from ..manifest import blob_key
 from ..store import Staging, layout
 from . import records

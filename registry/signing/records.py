@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import boundedjson
-from ..digests import check_digest
 from ..errors import ManifestError, RegistryError, quoted
 from ..files import VersionFile, version_files
+from ..io.digests import check_digest
 from ..store import layout
 from .oms import MAX_BUNDLE_BYTES
 

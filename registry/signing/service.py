@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from ..digests import sha256_bytes, sha256_file
 from ..errors import DigestMismatchError, SignatureError
 from ..files import version_files
+from ..io.digests import sha256_bytes, sha256_file
 from . import oms, records
 from .records import Signature
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..digests import HashingWriter
-from ..diskerrors import typed
 from ..errors import NotFoundError, RefError, StoreUnavailableError
+from ..io.digests import HashingWriter
+from ..io.diskerrors import typed
 from .base import Progress
 from .layout import BLOBS, STAGING
 from .sizes import check_size

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import re
 
-from ..digests import PATTERN, hexdigest
 from ..errors import CheckpointError, quoted
+from ..io.digests import PATTERN, hexdigest
 from ..refs import MAX_VERSION, NAME_PATTERN
 
 # Store keys (S3 allows 1024 bytes); anything longer is not one the registry wrote.

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from .._progress import transfer
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
-from ..parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
+from ..io.parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from . import ranged
 from .base import Progress

@@ -26,9 +26,9 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from registry.backends import LocalBackend
-from registry.digests import HashingWriter, check_digest
 from registry.errors import DigestMismatchError, NotFoundError, UnexpectedUploadError
 from registry.files import VersionFile
+from registry.io.digests import HashingWriter, check_digest
 from registry.wire import API
 
 from .. import proofs

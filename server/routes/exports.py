@@ -14,10 +14,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from registry.digests import check_digest
 from registry.exports import checks, records
 from registry.exports import local as exports
 from registry.files import VersionFile
+from registry.io.digests import check_digest
 from registry.refs import validate_name, validate_version
 from registry.store.layout import blob_key
 from registry.wire import API, EXPORTS_ROUTE

@@ -18,7 +18,6 @@ from pydantic import Field
 
 from registry import manifest as mf
 from registry.backends import LocalBackend
-from registry.digests import check_digest
 from registry.direct_uploads import verify_blobs
 from registry.errors import MissingBlobError, NotFoundError, RefError
 from registry.files import (
@@ -28,6 +27,7 @@ from registry.files import (
     check_file_name,
     check_push_files,
 )
+from registry.io.digests import check_digest
 from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
 from registry.validate import MAX_BLOB_BYTES
 from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire

@@ -17,10 +17,10 @@ from typing import Any
 
 import registry
 from registry.backends import LocalBackend
-from registry.digests import sha256_file
 from registry.errors import RegistryError
 from registry.files import version_files
 from registry.gc import blob_digest
+from registry.io.digests import sha256_file
 from registry.refs import parse
 from registry.store import layout
 from tests.faults.worker import build, same_weights

@@ -122,7 +122,7 @@ def test_a_flipped_byte_in_an_s3_blob_is_refused(
 
 
 def _flip_back(data: bytes, at: int, digest: str) -> bytes:
-    from registry.digests import sha256_bytes
+    from registry.io.digests import sha256_bytes
 
     for bit in range(8):
         fixed = data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1:]

@@ -19,7 +19,7 @@ from torch import nn
 
 import registry
 from registry import NormalizationError, RefError, Registry
-from registry.architectures import fit_name
+from registry.model.architectures import fit_name
 
 VOCAB = 100
 

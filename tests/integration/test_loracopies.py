@@ -16,7 +16,7 @@ from torch import nn
 
 from registry import Registry
 from registry.formats.peft import copies as loracopies
-from registry.metaparams import empty_parameters
+from registry.model.metaparams import empty_parameters
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")

@@ -20,7 +20,7 @@ import torch
 
 import registry
 from registry.cache import BlobCache
-from registry.digests import sha256_file
+from registry.io.digests import sha256_file
 from tests.helpers import clean_env, run_cli
 
 PULLER = Path(__file__).with_name("cache_puller.py")

@@ -259,7 +259,7 @@ def test_another_producers_artifact_imports_like_a_checkpoint_directory(
 
 
 def _sha(path: Path) -> str:
-    from registry.digests import sha256_file
+    from registry.io.digests import sha256_file
 
     return sha256_file(path)
 

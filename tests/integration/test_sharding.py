@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from registry import CheckpointError, NotFoundError, Registry
 from registry import manifest as mf
-from registry.digests import version_digest
+from registry.io.digests import version_digest
 from tests.helpers import assert_same_state, block_lm, clean_env, run_cli
 from tests.integration.conftest import CuttingProxy
 

@@ -15,8 +15,8 @@ from torch import nn
 
 import registry
 from registry import RefError, Registry
-from registry.architectures import capture
-from registry.materialize import empty_parameters
+from registry.model.architectures import capture
+from registry.model.materialize import empty_parameters
 
 
 def _on_meta(name: str, **kwargs: object) -> nn.Module:

@@ -16,7 +16,7 @@ import torch
 from registry import Registry, weights
 from registry import manifest as mf
 from registry.backends import LocalBackend
-from registry.digests import sha256_file
+from registry.io.digests import sha256_file
 from tests.helpers import assert_same_state, block_lm
 from tests.integration.conftest import CuttingProxy
 

@@ -19,7 +19,7 @@ import torch
 import registry
 from registry import cache
 from registry.errors import DigestMismatchError
-from registry.weights import write_safetensors
+from registry.io.weights import write_safetensors
 from tests.helpers import trained_mlp
 from tests.integration.serving import Service
 

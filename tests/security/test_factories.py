@@ -20,7 +20,7 @@ from torch import nn
 
 import registry
 from registry.errors import ArchitectureUnknownError, RegistryError, UntrustedFactoryError
-from registry.factories import resolve_factory
+from registry.model.factories import resolve_factory
 from tests.helpers import MLP, trained_mlp
 
 TRUSTED = ("torchvision.models", "timm")

@@ -22,7 +22,7 @@ from registry import (
     RegistryError,
     UntrustedFactoryError,
 )
-from registry.architectures import MAX_CONFIG_BYTES
+from registry.model.architectures import MAX_CONFIG_BYTES
 from tests.helpers import trained_mlp
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import registry
 from registry import boundedjson
-from registry.digests import sha256_bytes
+from registry.io.digests import sha256_bytes
 from tests.integration.serving import Service
 
 from .hostile import HostileServer

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from registry import DigestMismatchError, ManifestError, Registry
 from registry import manifest as mf
-from registry.digests import sha256_bytes
+from registry.io.digests import sha256_bytes
 from tests.helpers import block_lm, trained_mlp
 
 

@@ -17,8 +17,8 @@ import pytest
 from fastapi.routing import APIRoute
 
 import registry
-from registry.digests import version_digest
 from registry.files import version_files
+from registry.io.digests import version_digest
 from server.app import ROUTERS
 from server.auth import AuthFile, parse_model_patterns, parse_scopes
 from tests.helpers import assert_same_state, trained_mlp

@@ -14,7 +14,7 @@ import torch
 
 from registry import QuantizationError, Registry
 from registry.errors import ManifestError
-from registry.weights import load_shard
+from registry.io.weights import load_shard
 from tests.security.test_quantized_records import _dynamic, _float, _tamper
 from tests.security.test_strict_reads import _shard
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 import registry
-from registry.digests import sha256_bytes
 from registry.errors import RegistryError, SignatureError
+from registry.io.digests import sha256_bytes
 from registry.signing import oms, records
 from tests.helpers import trained_mlp
 from tests.integration.serving import Service

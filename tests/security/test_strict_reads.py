@@ -18,7 +18,7 @@ from safetensors.torch import safe_open, save_file
 
 import registry
 from registry.errors import CheckpointError, ManifestError, RegistryError
-from registry.weights import load_shard
+from registry.io.weights import load_shard
 from tests.helpers import MLP, clean_env, run_cli, trained_mlp
 
 from .hostile import HostileServer

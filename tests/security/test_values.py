@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import registry
-from registry import devices as dev
 from registry.errors import CheckpointError, DeviceUnavailableError, RefError, quoted
+from registry.model import devices as dev
 from registry.refs import (
     MAX_VERSION,
     Ref,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from registry import DeviceUnavailableError, DtypeError
-from registry.devices import (
+from registry.model.devices import (
     CudaDevice,
     TorchFacts,
     auto_dtype,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from registry import digests
 from registry import manifest as mf
 from registry.cache import BlobCache
-from registry.digests import BLOCK, HashingWriter, check_digest, sha256_file, version_digest
 from registry.errors import RefError
+from registry.io import digests
+from registry.io.digests import BLOCK, HashingWriter, check_digest, sha256_file, version_digest
 
 GOOD = "sha256:" + "ab" * 32
 

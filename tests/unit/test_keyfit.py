@@ -3,7 +3,7 @@ architecture is suggested (issue #30)."""
 
 from __future__ import annotations
 
-from registry.keyfit import likely_cause
+from registry.model.keyfit import likely_cause
 
 PLAIN = ["conv1.weight", "conv1.bias", "fc.weight", "fc.bias"]
 

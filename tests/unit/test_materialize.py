@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from registry import StateDictMismatchError
-from registry.materialize import (
+from registry.model.materialize import (
     assign_plainly,
     build_module,
     check_fits,
@@ -104,7 +104,7 @@ def test_a_build_that_cannot_run_on_meta_is_built_on_the_cpu(
         args: tuple[object, ...] = (cls, {})
     else:
         args = (None, {"factory": f"{here.__name__}:{cls.__name__}"})
-    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+    with caplog.at_level(logging.DEBUG, logger="registry.model.materialize"):
         module = build_module(*args, (here.__name__,), "m:v1", stored=STORED)  # type: ignore[arg-type]
     assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
     assert "building it on the CPU" in caplog.text
@@ -113,12 +113,12 @@ def test_a_build_that_cannot_run_on_meta_is_built_on_the_cpu(
 
 def test_a_meta_buffer_that_the_weights_fill_needs_no_cpu_build(
         caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+    with caplog.at_level(logging.DEBUG, logger="registry.model.materialize"):
         module = build_module(BufferFromParameter, {}, (), "m:v1",
                               stored=STORED | {"mask"})
     assert module.fc.weight.is_meta and module.mask.is_meta
     assert "CPU" not in caplog.text
-    with caplog.at_level(logging.DEBUG, logger="registry.materialize"):
+    with caplog.at_level(logging.DEBUG, logger="registry.model.materialize"):
         built = build_module(MLP, {}, (), "m:v1", stored=set(MLP().state_dict()))
     assert all(p.is_meta for p in built.parameters()), "a model that builds on meta stays there"
     assert caplog.text == ""
@@ -133,7 +133,7 @@ def test_a_build_that_fails_on_the_cpu_too_raises_its_own_error() -> None:
 
 
 def test_init_functions_skip_meta_tensors_only_while_building() -> None:
-    from registry.materialize import empty_parameters
+    from registry.model.materialize import empty_parameters
 
     original = torch.nn.init.kaiming_uniform_
     with empty_parameters():

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from registry import CheckpointError, NormalizationError, UnsafeCheckpointError
-from registry.factories import factory_string
 from registry.formats.floats import unwrap
 from registry.formats.table import flatten
+from registry.model.factories import factory_string
 from tests.helpers import CUDA_LOAD_ERRORS, MLP, TiedLM, save_as_if_on, trained_mlp
 
 

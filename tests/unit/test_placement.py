@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from registry import DeviceUnavailableError, Registry, SettingsError
-from registry.devices import CudaDevice, TorchFacts
 from registry.formats.table import flatten
-from registry.placement import (
+from registry.model.devices import CudaDevice, TorchFacts
+from registry.model.placement import (
     Placement,
     Unit,
     assign,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from registry import prefault
 from registry.errors import SettingsError
+from registry.io import prefault
 from registry.settings import Settings
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from registry.devices import CudaDevice, TorchFacts
 from registry.formats.base import Runs
 from registry.formats.table import METHODS, check
+from registry.model.devices import CudaDevice, TorchFacts
 
 A100 = TorchFacts(cuda=(CudaDevice(0, 2**34, 2**35, (8, 0)),))
 H100 = TorchFacts(cuda=(CudaDevice(0, 2**34, 2**35, (9, 0)),))

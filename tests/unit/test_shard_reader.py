@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from registry.errors import ManifestError
-from registry.weights import (
+from registry.io.weights import (
     DTYPE_CODES,
     load_shard,
     safetensors_header,

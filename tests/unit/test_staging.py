@@ -1,4 +1,4 @@
-"""Pinned, double-buffered staging of a pull's tensors onto CUDA (registry/staging.py).
+"""Pinned, double-buffered staging of a pull's tensors onto CUDA (registry/io/staging.py).
 
 No GPU here: the byte path runs with ordinary buffers and synchronous copies (``pinned=False``,
 target ``cpu``), which is the same code the CUDA path runs minus the events; the routing is
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from registry import Registry
-from registry import staging as st
-from registry.weights import load_shard, write_safetensors
+from registry.io import staging as st
+from registry.io.weights import load_shard, write_safetensors
 from tests.helpers import trained_mlp
 
 TENSORS = {

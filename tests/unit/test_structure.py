@@ -53,8 +53,8 @@ LAZY_OWN_IMPORTS: dict[tuple[str, str], tuple[int, str]] = {
     # torch (tests/integration/test_cli_without_torch.py): each command that needs torch, the
     # catalog's SQL engine, the server or MLflow imports it itself.
     ("registry.cli._context", "registry.client"): (1, "open_registry: Registry needs torch"),
-    ("registry.cli.models", "registry.weights"): (1, "pull -o x.safetensors needs torch"),
-    ("registry.cli.models", "registry.checkpoints"): (1, "the same command (torch)"),
+    ("registry.cli.models", "registry.io.weights"): (1, "pull -o x.safetensors needs torch"),
+    ("registry.cli.models", "registry.io.checkpoints"): (1, "the same command (torch)"),
     ("registry.cli.models", "registry.oci.door"): (1, "pull oci:// pins its tag (httpx, torch)"),
     ("registry.cli.exports", "registry.exports.service"): (1, "export needs torch"),
     ("registry.cli.exports", "registry.exports.common"): (1, "--input-shape parsing (torch)"),

@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import load_file, safe_open
 
 from registry.errors import NormalizationError
-from registry.manifest import STORED_DTYPES
-from registry.weights import (
+from registry.io.weights import (
     ALIGNMENT,
     DTYPE_CODES,
     file_order,
@@ -22,6 +21,7 @@ from registry.weights import (
     write_safetensors,
     write_shards,
 )
+from registry.manifest import STORED_DTYPES
 
 
 def _layout(path: Path) -> tuple[int, dict[str, dict]]:

@@ -1,5 +1,5 @@
 """safetensors' own reader over an open shard, for the dtypes the registry's reader
-(:mod:`registry.weights`) does not map itself.
+(:mod:`registry.io.weights`) does not map itself.
 
 It reads through ``/proc/self/fd/N`` (``/dev/fd/N`` elsewhere), which opens the file the
 descriptor holds: the file that was verified, not whatever its path names by now. Every failure
@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from .errors import ManifestError
+from ..errors import ManifestError
 
 
 @contextlib.contextmanager

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from . import architectures
 from . import devices as dev
-from .errors import ArchitectureUnknownError, RegistryError, StateDictMismatchError, quoted
 from .factories import resolve_factory
 from .keyfit import likely_cause
 from .metaparams import empty_parameters
@@ -156,7 +156,7 @@ def implied_ties(module: nn.Module, stored: Collection[str]) -> dict[str, str]:
 
 
 def _import_factory(factory: str, trusted_prefixes: tuple[str, ...]) -> Callable[..., Any]:
-    # The factory rule lives in registry/factories.py: nothing is imported before it passes.
+    # The factory rule lives in registry/model/factories.py: nothing is imported before it passes.
     return resolve_factory(factory, trusted_prefixes)
 
 

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ArchitectureUnknownError, RefError, UntrustedFactoryError, quoted
 from . import torchvision_builders
-from .errors import ArchitectureUnknownError, RefError, UntrustedFactoryError, quoted
 from .metaparams import empty_parameters
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def _torchvision_record(module: nn.Module) -> dict[str, Any]:
     warnings.warn(
         f"{cls.__name__} is pushed without its builder: {why}, so pull will need model=. Pass "
         f"the builder to push: factory='{example}' (with factory_kwargs= for arguments such "
-        "as num_classes)", UserWarning, stacklevel=5)
+        "as num_classes)", UserWarning, stacklevel=caller_level())
     return {}
 
 
@@ -343,3 +344,13 @@ def fit_name(text: str) -> str | None:
     name = _INVALID_RUN.sub("-", text.strip().lower())
     name = name.lstrip("._-")[:128].rstrip("._-")
     return name or None
+
+
+def caller_level() -> int:
+    """The ``stacklevel`` that names the first line outside the ``registry`` package (the user's
+    push), whichever facade, verb or pipeline step the call came through."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level

@@ -1,10 +1,10 @@
 """Modules built with their parameters on ``meta``: no memory, no random init.
 
 :func:`empty_parameters` is used wherever a module is built only to be filled or measured: a
-pull (:mod:`registry.materialize`), a push checking that a recorded architecture rebuilds
-(:mod:`registry.architectures`), LoRA layers attached to a base (:mod:`registry.adapters`).
+pull (:mod:`registry.model.materialize`), a push checking that a recorded architecture rebuilds
+(:mod:`registry.model.architectures`), LoRA layers attached to a base (:mod:`registry.adapters`).
 
-torch is imported on first use, not with this module: :mod:`registry.architectures` is read
+torch is imported on first use, not with this module: :mod:`registry.model.architectures` is read
 by manifest validation, which the catalog commands of the CLI run without torch. Whoever
 enters the context builds a module, so torch is loaded by then.
 """

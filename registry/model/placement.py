@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import DeviceUnavailableError, SettingsError, quoted
+from ..settings import parse_size
 from . import devices as dev
-from .errors import DeviceUnavailableError, SettingsError, quoted
-from .settings import parse_size
 
 DeviceMap = Mapping[str, dev.DeviceRequest] | str | None
 NoSplit = Iterable[str] | None

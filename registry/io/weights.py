@@ -31,7 +31,7 @@ tensor a view of that map (it reads the header itself and checks it as safetenso
 ``safe_open``'s per-tensor storage slices cost ~65 us a tensor, most of a small model's load).
 Each tensor then moves to its device and dtype in one ``Tensor.to``; a tensor already where it
 belongs is used in place. Tensors bound for CUDA cross through pinned, double-buffered staging
-instead (:mod:`registry.staging`).
+instead (:mod:`registry.io.staging`).
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ from typing import BinaryIO
 
 import torch
 
-from .devices import CODE_DTYPES, DTYPE_CODES
+from ..errors import ManifestError, NormalizationError
+from ..files import StagedFile, VersionFile, shard_name
+from ..model.devices import CODE_DTYPES, DTYPE_CODES
+from ..unchanged import KnownShard, matching, may_match
 from .digests import HashingWriter
 from .diskerrors import typed
-from .errors import ManifestError, NormalizationError
 from .fdreader import read_open_file
-from .files import StagedFile, VersionFile, shard_name
 from .shardheader import parse_header
 from .staging import Staging, Stagings
-from .unchanged import KnownShard, matching, may_match
 
 ALIGNMENT = 64
 
@@ -123,7 +123,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor],
     (the keys in the order their bytes follow each other) is given.
 
     Returns ``("sha256:<hex>", size)`` of the bytes written, hashed while they were written.
-    ``path`` may be an unbuffered file open for writing (one :mod:`registry.safewrite` made).
+    ``path`` may be an unbuffered file open for writing (one :mod:`registry.io.safewrite` made).
     """
     order, head = safetensors_header(tensors, metadata, order)
     opened = (contextlib.nullcontext(path) if hasattr(path, "fileno")
@@ -277,7 +277,7 @@ def load_shard(
     ``expected`` is the manifest's ``{key: {"dtype", "shape"}}`` for this shard: a file whose
     tensors differ from what the manifest lists is refused, so a manifest can never make a pull
     hand back tensors it does not describe. Tensors bound for a device that ``stagings`` stages
-    for (CUDA) cross through its pinned buffers (:mod:`registry.staging`), in file order.
+    for (CUDA) cross through its pinned buffers (:mod:`registry.io.staging`), in file order.
     ``path`` may be the verified open file (``Backend.open_blob``): that very file is mapped.
     """
     out: dict[str, torch.Tensor] = {}

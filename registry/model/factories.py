@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import os
 import re
 import sys
 import types
@@ -33,7 +32,8 @@ from typing import Any
 
 from torch import nn
 
-from .errors import ArchitectureUnknownError, NormalizationError, UntrustedFactoryError, quoted
+from ..errors import ArchitectureUnknownError, NormalizationError, UntrustedFactoryError, quoted
+from .architectures import caller_level
 
 _PUBLIC_ID = r"[A-Za-z][A-Za-z0-9_]*"
 # `__main__` (the user's script, `__main__:MyNet`) is the one module name with underscores.
@@ -164,7 +164,7 @@ def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
                 f"factory {factory!r} is recorded from your script (__main__): only a process "
                 f"whose __main__ defines {attrs[-1]} can pull it without model=; move "
                 f"{attrs[-1]} into a module and push factory='yourmodule:{'.'.join(attrs)}' to "
-                "pull it anywhere", UserWarning, stacklevel=_caller_level())
+                "pull it anywhere", UserWarning, stacklevel=caller_level())
             return factory
     except UntrustedFactoryError:
         why, fix = "it is not a 'package.module:callable' of public names", "name a public one"
@@ -184,19 +184,9 @@ def warn_if_unpullable(factory: str, trusted_prefixes: tuple[str, ...]) -> str:
             pass  # no such attribute here; pull says so where it is pulled
     if why:
         warnings.warn(f"factory {factory!r} is recorded, but pull will refuse to call it: {why} "
-                      f"(the factory rule, registry/factories.py); {fix}", UserWarning,
-                      stacklevel=_caller_level())
+                      f"(the factory rule, registry/model/factories.py); {fix}", UserWarning,
+                      stacklevel=caller_level())
     return factory
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` that names the first line outside this package (the user's push),
-    whichever facade or verb the call came through."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
-    return level
 
 
 def _is_trusted(module_name: str, trusted_prefixes: tuple[str, ...]) -> bool:

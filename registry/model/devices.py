@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DeviceUnavailableError, DtypeError, quoted
+from ..errors import DeviceUnavailableError, DtypeError, quoted
 
 DeviceRequest = str | int | torch.device
 DtypeRequest = str | torch.dtype

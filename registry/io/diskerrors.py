@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import DiskFullError, RegistryError, StoreError
+from ..errors import DiskFullError, RegistryError, StoreError
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 

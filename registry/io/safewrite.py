@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from ..errors import NormalizationError
 from .diskerrors import error_for
-from .errors import NormalizationError
 
 TEMP_PREFIX = ".registry-"
 FILE_MODE = 0o644

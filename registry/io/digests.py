@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-from .errors import RefError
+from ..errors import RefError
 
 PATTERN = r"sha256:[0-9a-f]{64}"
 _DIGEST_RE = re.compile(PATTERN)
