@@ -53,6 +53,7 @@ class _Parts:
         self.parts = [(at, min(part_size, size - at)) for at in range(0, size, part_size)]
         self.written = [0] * len(self.parts)
         self.next = 0  # the next part to hand out
+        self.first = 0  # the first part not wholly written: the written prefix ends in it
         self.failed: BaseException | None = None
         self.cond = threading.Condition()
 
@@ -66,6 +67,11 @@ class _Parts:
     def wrote(self, index: int, done: int) -> None:
         with self.cond:
             self.written[index] = done
+            if index != self.first:
+                return  # the written prefix is as long as before: the hashing thread sleeps on
+            while self.first < len(self.parts) and \
+                    self.written[self.first] == self.parts[self.first][1]:
+                self.first += 1
             self.cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
@@ -81,11 +87,10 @@ class _Parts:
             while True:
                 if self.failed is not None:
                     raise self.failed
-                prefix = 0
-                for (at, length), done in zip(self.parts, self.written, strict=True):
-                    prefix = at + done
-                    if done < length:
-                        break
+                if self.first == len(self.parts):
+                    prefix = self.parts[-1][0] + self.parts[-1][1]
+                else:
+                    prefix = self.parts[self.first][0] + self.written[self.first]
                 if prefix > hashed:
                     return prefix
                 self.cond.wait()
