@@ -3,8 +3,9 @@
 It reads a registry whose store is a file store seen as a remote one (:class:`CountingStore`:
 nothing is read in place, so every blob goes through the verified cache) that logs each
 download's start and end to a shared file and sleeps between chunks, so that several processes
-overlap and a download can be killed halfway. It waits for ``GO`` to exist (every puller has
-imported what it needs by then), then pulls or prefetches, and prints a JSON line.
+overlap and a download can be killed halfway; with ``PULLER_HOLD`` set, each of its downloads
+stops after its first chunk until that file exists. It waits for ``GO`` to exist (every puller
+has imported what it needs by then), then pulls or prefetches, and prints a JSON line.
 
     python cache_puller.py HOME CACHE_DIR LOG GO DELAY_S MODE REF
 """
@@ -28,9 +29,10 @@ CHUNK = 64 * 1024
 class CountingStore(FileStore):
     """A file store that is read like a remote one, counting and slowing each download."""
 
-    def __init__(self, root: Path, log: Path, delay_s: float) -> None:
+    def __init__(self, root: Path, log: Path, delay_s: float, hold: str | None) -> None:
         super().__init__(root)
         self.log, self.delay_s = log, delay_s
+        self.hold = Path(hold) if hold else None
 
     def open_local(self, key: str) -> Path | None:
         return None
@@ -53,6 +55,8 @@ class CountingStore(FileStore):
                 out.write(chunk)
                 sha.update(chunk)
                 time.sleep(self.delay_s)
+                while self.hold is not None and not self.hold.exists():
+                    time.sleep(0.01)
         self._note("done", key)
         return f"sha256:{sha.hexdigest()}"
 
@@ -61,7 +65,8 @@ def main() -> None:
     home, cache_dir, log, go, delay, mode, ref = sys.argv[1:8]
     os.environ["REGISTRY_HOME"] = home
     os.environ["REGISTRY_CACHE_DIR"] = cache_dir
-    store = CountingStore(Path(home) / "objects", Path(log), float(delay))
+    store = CountingStore(Path(home) / "objects", Path(log), float(delay),
+                          os.environ.get("PULLER_HOLD"))
     if mode == "pull":
         import torch
 

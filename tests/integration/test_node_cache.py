@@ -36,9 +36,11 @@ def _push(reg: registry.Registry, tmp_path: Path, shards: int = 3) -> registry.M
 
 
 def _start(home: Path, cache: Path, log: Path, go: Path, delay: float, mode: str,
-           ref: str = "fan:v1") -> subprocess.Popen[str]:
+           ref: str = "fan:v1", hold: Path | None = None) -> subprocess.Popen[str]:
     env = {**clean_env(home), "PYTHONPATH": os.pathsep.join(
         [str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if hold is not None:  # each download stops after its first chunk until ``hold`` exists
+        env["PULLER_HOLD"] = str(hold)
     return subprocess.Popen([sys.executable, str(PULLER), str(home), str(cache), str(log),
                              str(go), str(delay), mode, ref], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -187,6 +189,48 @@ def test_prefetch_then_prune_beside_a_running_pull(reg: registry.Registry, tmp_p
     assert _blobs_held(cache) == {}
     assert json.loads(run_cli("cache", "ls", "--json", env=env, check=True).stdout)[
         "versions"] == []
+
+
+def test_a_prefetch_and_a_prune_beside_a_pull_that_is_downloading(
+        reg: registry.Registry, tmp_path: Path, home: Path) -> None:
+    mv = _push(reg, tmp_path)
+    expected = {k: float(t.double().sum()) for k, t in reg.pull_state_dict(mv.ref).items()}
+    shards = [f["digest"] for f in mv.metadata["files"]]
+    config = mv.metadata["attachments"][0]["digest"]
+    cache, log, go = tmp_path / "node-cache", tmp_path / "store.log", tmp_path / "sync" / "go"
+    go.parent.mkdir()
+    go.touch()
+    hold = tmp_path / "hold"
+    # The pull begins all three shards and stops each after its first chunk.
+    puller = _start(home, cache, log, go, 0.0, "pull", hold=hold)
+    tmp = cache / "tmp"
+    _wait_until(lambda: len([w for w, _, _ in _log(log) if w == "start"]) == 3
+                and len([p for p in tmp.iterdir() if p.stat().st_size > 0]) == 3,
+                "the pull's three downloads under way", [puller])
+    prefetcher = _start(home, cache, log, go, 0.0, "prefetch")
+    locks = [BlobCache(cache).lock_path(d) for d in shards]
+    _wait_until(lambda: all(_blocked_on(lock) == 1 for lock in locks),
+                "the prefetch waiting on each of the pull's downloads", [puller, prefetcher])
+
+    # A prune now removes nothing being downloaded: no partial file of a live download is
+    # swept, and the shards are not in blobs/ yet (only config.json may be, the prefetch's).
+    env = clean_env(home, REGISTRY_CACHE_DIR=str(cache))
+    out = json.loads(run_cli("cache", "prune", "--json", env=env, check=True).stdout)
+    assert out["temporary_files"] == 0 and len(list(tmp.iterdir())) == 3
+    assert set(out["removed"]) <= {config} and out["busy"] == []
+    hold.touch()
+    pulled, prefetched = _results([puller, prefetcher])
+
+    assert pulled["sums"] == expected
+    assert prefetched["files"] == 4  # the three shards (the pull's downloads) and config.json
+    downloads = [(w, pid, key) for w, pid, key in _log(log) if key != f"blobs/sha256/{config[7:]}"]
+    # Each shard downloaded once, by the pull, to the end: the prefetch waited for them.
+    assert sorted(downloads) == sorted([(w, puller.pid, f"blobs/sha256/{d[7:]}")
+                                        for d in shards for w in ("start", "done")])
+    held = _blobs_held(cache)
+    assert {f"sha256:{name}" for name in held} >= set(shards)
+    assert all(f"sha256:{name}" == digest for name, digest in held.items())
+    assert not list(tmp.iterdir())
 
 
 @pytest.mark.s3
