@@ -80,7 +80,7 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
         return None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _MEMCMP = _libc_memcmp()
@@ -104,10 +104,10 @@ class _Float32:
     """Chunks of one flat tensor as float32 numpy arrays: views of it when it is float32,
     else widened into a buffer of the worker's."""
 
-    def __init__(self, flat: torch.Tensor) -> None:
+    def __init__(self, flat: torch.Tensor, most: int) -> None:
         self.flat = flat
         self.view = flat.numpy() if flat.dtype == torch.float32 else None
-        self.buffer = torch.empty(0 if self.view is not None else CHUNK, dtype=torch.float32)
+        self.buffer = torch.empty(0 if self.view is not None else most, dtype=torch.float32)
 
     def chunk(self, start: int, stop: int) -> np.ndarray:
         if self.view is not None:
@@ -121,14 +121,15 @@ def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int) -
     """Sums of ``b - a`` over elements ``start:stop`` of the flat CPU tensors (``a`` None: from
     zero, and no norm of ``a``)."""
     sums = Sums(numel=stop - start)
-    left = _Float32(a if a is not None else torch.zeros(0))
-    right = _Float32(b)
+    most = min(CHUNK, stop - start)  # a bias needs no 512 KiB buffers
+    left = _Float32(a if a is not None else torch.zeros(0), most)
+    right = _Float32(b, most)
     # Bound once: each chunk costs some 20 us of passes, and each call here ~0.1-1 us.
     memcmp = _MEMCMP if a is not None and a.dtype == b.dtype else None
     size = b.element_size()
     at_a, at_b = (a.data_ptr() if a is not None else 0), b.data_ptr()
-    zeros = np.zeros(CHUNK if a is None else 0, dtype=np.float32)
-    delta = np.empty(CHUNK, dtype=np.float32)
+    zeros = np.zeros(most if a is None else 0, dtype=np.float32)
+    delta = np.empty(most, dtype=np.float32)
     dot, subtract, bitwise_and, count = np.dot, np.subtract, np.bitwise_and, np.count_nonzero
     base2 = delta2 = 0.0
     top = differ = 0
@@ -237,7 +238,7 @@ def norm2(t: torch.Tensor, start: int = 0, stop: int | None = None) -> float:
     """The squared 2-norm of elements ``start:stop`` of ``t`` (flattened), in float32 chunks."""
     t = _flat(t)
     stop = t.numel() if stop is None else stop
-    chunks = _Float32(t)
+    chunks = _Float32(t, min(CHUNK, max(stop - start, 0)))
     total = 0.0
     for begin in range(start, stop, CHUNK):
         x = chunks.chunk(begin, min(begin + CHUNK, stop))

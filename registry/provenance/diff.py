@@ -231,7 +231,7 @@ def states(a: VersionRecord, b: VersionRecord, sa: Mapping[str, Any],
     dtype-cast sibling)."""
     ka = {k for k, v in sa.items() if isinstance(v, torch.Tensor)}
     kb = {k for k, v in sb.items() if isinstance(v, torch.Tensor)}
-    rollup, changed = _Rollup(), []
+    rollup, changed = _Rollup(), list[TensorChange]()
     unchanged = _tally([(k, sa[k], sb[k]) for k in sorted(ka & kb)], rollup, changed)
     read = sum(f.size for r in (a, b) for f in weight_files(r.manifest))
     return VersionDiff(_ref(a), _ref(b), "dequantized", sorted(kb - ka), sorted(ka - kb),
