@@ -100,50 +100,73 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor, start: int = 0, stop: int | Non
     return bool(np.array_equal(raw_a, raw_b))
 
 
+class Scratch:
+    """One worker's buffers, made once per diff and used for every piece it takes. With glibc's
+    mmap threshold where a new process has it (128 KiB) each 512 KiB buffer is a fresh mapping
+    whose pages fault in as it is first written: made for each piece, they cost an 806 MB diff
+    ~13 ms of CPU, more than reading one of its shards."""
+
+    def __init__(self) -> None:
+        self.delta = np.empty(CHUNK, dtype=np.float32)
+        self.zeros = np.zeros(0, dtype=np.float32)
+        self.wide: list[torch.Tensor] = []
+
+    def widening(self, side: int) -> torch.Tensor:
+        """A float32 buffer of ``CHUNK`` for side 0 or 1, made when a chunk first needs one."""
+        while len(self.wide) <= side:
+            self.wide.append(torch.empty(CHUNK, dtype=torch.float32))
+        return self.wide[side]
+
+    def zeros_of(self, n: int) -> np.ndarray:
+        if self.zeros.size < n:
+            self.zeros = np.zeros(CHUNK, dtype=np.float32)
+        return self.zeros[:n]
+
+
 class _Float32:
     """Chunks of one flat tensor as float32 numpy arrays: views of it when it is float32,
     else widened into a buffer of the worker's."""
 
-    def __init__(self, flat: torch.Tensor, most: int) -> None:
+    def __init__(self, flat: torch.Tensor, scratch: Scratch, side: int) -> None:
         self.flat = flat
         self.view = flat.numpy() if flat.dtype == torch.float32 else None
-        self.buffer = torch.empty(0 if self.view is not None else most, dtype=torch.float32)
+        self.buffer = scratch.widening(side) if self.view is None else None
 
     def chunk(self, start: int, stop: int) -> np.ndarray:
-        if self.view is not None:
-            return self.view[start:stop]
+        if self.buffer is None:
+            return self.view[start:stop]  # type: ignore[index]
         out = self.buffer[:stop - start]
         out.copy_(self.flat[start:stop])
         return out.numpy()
 
 
-def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int) -> Sums:
+def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int,
+               scratch: Scratch | None = None) -> Sums:
     """Sums of ``b - a`` over elements ``start:stop`` of the flat CPU tensors (``a`` None: from
-    zero, and no norm of ``a``)."""
+    zero, and no norm of ``a``), in ``scratch``'s buffers (new ones if None)."""
+    scratch = scratch if scratch is not None else Scratch()
     sums = Sums(numel=stop - start)
-    most = min(CHUNK, stop - start)  # a bias needs no 512 KiB buffers
-    left = _Float32(a if a is not None else torch.zeros(0), most)
-    right = _Float32(b, most)
+    left = _Float32(a, scratch, 0) if a is not None else None
+    right = _Float32(b, scratch, 1)
     # Bound once: each chunk costs some 20 us of passes, and each call here ~0.1-1 us.
     memcmp = _MEMCMP if a is not None and a.dtype == b.dtype else None
     size = b.element_size()
     at_a, at_b = (a.data_ptr() if a is not None else 0), b.data_ptr()
-    zeros = np.zeros(most if a is None else 0, dtype=np.float32)
-    delta = np.empty(most, dtype=np.float32)
+    delta = scratch.delta
     dot, subtract, bitwise_and, count = np.dot, np.subtract, np.bitwise_and, np.count_nonzero
     base2 = delta2 = 0.0
     top = differ = 0
     for begin in range(start, stop, CHUNK):
         end = min(begin + CHUNK, stop)
-        if a is None:
-            xa = zeros[:end - begin]
+        if left is None:
+            xa = scratch.zeros_of(end - begin)
         else:
             xa = left.chunk(begin, end)
             base2 += float(dot(xa, xa))
             if memcmp is not None:
                 if memcmp(at_a + begin * size, at_b + begin * size, (end - begin) * size) == 0:
                     continue
-            elif a.dtype == b.dtype and same_bytes(a, b, begin, end):
+            elif a is not None and a.dtype == b.dtype and same_bytes(a, b, begin, end):
                 continue
         xb = right.chunk(begin, end)
         d = delta[:end - begin]
@@ -173,12 +196,12 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
     jobs = [(i, begin, min(begin + PIECE, b.numel()))
             for i, (_, b) in enumerate(flat) for begin in range(0, max(b.numel(), 1), PIECE)]
 
-    def run(job: tuple[int, int, int]) -> Sums | None:
+    def run(job: Job, scratch: Scratch) -> Sums | None:
         i, begin, end = job
         a, b = flat[i]
         if a is not None and a.dtype == b.dtype and same_bytes(a, b, begin, end):
             return None
-        return piece_sums(a, b, begin, end)
+        return piece_sums(a, b, begin, end, scratch)
 
     done = _shared_out(run, jobs, workers)
     out: list[Sums | None] = [None] * len(flat)
@@ -200,7 +223,7 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
     return out
 
 
-def _shared_out(run: Callable[[Job], Sums | None], jobs: list[Job],
+def _shared_out(run: Callable[[Job, Scratch], Sums | None], jobs: list[Job],
                 workers: int) -> list[Sums | None]:
     """``run`` of every job, the largest first, by this thread and ``workers - 1`` others.
 
@@ -213,8 +236,9 @@ def _shared_out(run: Callable[[Job], Sums | None], jobs: list[Job],
 
     def work() -> None:
         try:
+            scratch = Scratch()
             for j in order:  # next() on a shared iterator is atomic under the GIL
-                done[j] = run(jobs[j])
+                done[j] = run(jobs[j], scratch)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             failed.append(exc)
 
@@ -238,7 +262,7 @@ def norm2(t: torch.Tensor, start: int = 0, stop: int | None = None) -> float:
     """The squared 2-norm of elements ``start:stop`` of ``t`` (flattened), in float32 chunks."""
     t = _flat(t)
     stop = t.numel() if stop is None else stop
-    chunks = _Float32(t, min(CHUNK, max(stop - start, 0)))
+    chunks = _Float32(t, Scratch(), 0)
     total = 0.0
     for begin in range(start, stop, CHUNK):
         x = chunks.chunk(begin, min(begin + CHUNK, stop))

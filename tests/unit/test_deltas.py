@@ -167,10 +167,11 @@ def test_a_failure_in_any_worker_reaches_the_caller(
         small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
     real = deltas.piece_sums
 
-    def failing(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int) -> deltas.Sums:
+    def failing(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int,
+                scratch: deltas.Scratch | None = None) -> deltas.Sums:
         if start == 8_000:  # the third piece: whichever thread takes it
             raise MemoryError("no buffer")
-        return real(a, b, start, stop)
+        return real(a, b, start, stop, scratch)
 
     monkeypatch.setattr(deltas, "piece_sums", failing)
     a = torch.randn(20_000)
