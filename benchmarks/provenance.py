@@ -2,7 +2,12 @@
 default run) cut into one shard per block, the second a fine-tune of one block, against the
 floor of reading the one shard that changed in each version (``load_file`` + every byte read).
 The diff opens no shard both versions share (their digests are equal) and compares the changed
-shard's tensors in float32 chunks."""
+shard's tensors in float32 chunks on ``deltas.WORKERS`` threads, the calling one among them; the
+floor reads on one thread, so the row also times the diff on one thread (a note, not the ratio).
+
+The floor reads every byte: ``load_file`` maps each shard and ``touch`` OR-reduces every 8-byte
+word of every tensor. Its speed depends on the page cache holding the shards in 2 MiB folios
+(fresh from the push here), as the diff's does."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from registry import manifest as mf
+from registry.provenance import deltas
 
 from .helpers import Bench, Case, build, duration, interleaved, local_backend, touch
 from .report import Row
@@ -36,9 +42,17 @@ def diff_rows(b: Bench) -> list[Row]:
     def floor() -> int:
         return sum(touch(load_file(str(p)).values()) for p in paths)
 
+    def one_thread() -> object:
+        workers, deltas.WORKERS = deltas.WORKERS, 1
+        try:
+            return b.reg.diff(va.ref, vb.ref)
+        finally:
+            deltas.WORKERS = workers
+
     t = interleaved({
         "diff": Case(lambda: b.reg.diff(va.ref, vb.ref)),
         "floor": Case(floor),
+        "one thread": Case(one_thread),
     }, runs=b.runs)
     found = b.reg.diff(va.ref, vb.ref)
     d, f = t["diff"].median, t["floor"].median
@@ -50,8 +64,10 @@ def diff_rows(b: Bench) -> list[Row]:
     row.notes.append(
         f"Samples (s): diff {t['diff'].spread()}, floor {t['floor'].spread()}. Two versions of "
         f"{len(va.metadata['files'])} shards (one block each) differing in one; the floor "
-        "reads that shard's bytes in both versions (the bytes a diff cannot avoid), the diff "
-        "also computes each tensor's change norms in float32. Page cache warm for both.")
+        "reads that shard's bytes in both versions (the bytes a diff cannot avoid) on one "
+        f"thread, the diff also computes each tensor's change norms in float32 on "
+        f"{deltas.WORKERS} threads; on one thread it took {duration(t['one thread'].median)} "
+        f"({t['one thread'].median / f:.2f}x). Page cache warm for both.")
     return [row]
 
 
