@@ -31,8 +31,9 @@ import torch
 
 # Elements compared at once: 128 Ki float32 (512 KiB) per side and the difference beside them
 # stay in the CPU's cache (L2, and L3 for the rest), so the passes over a chunk after the first
-# read it from there. On the 806 MB row, CPU time per diff: 32 Ki 2.05x the floor's, 64 Ki 1.90x,
-# 128 Ki 1.73x, 256 Ki 1.72x, 1 Mi 1.79x (fewer calls against a chunk that no longer fits).
+# read it from there. On the 806 MB row, CPU time per diff under load: 32 Ki 2.05x the floor's,
+# 64 Ki 1.90x, 128 Ki 1.73x, 256 Ki 1.72x, 1 Mi 1.79x (fewer calls against a chunk that no
+# longer fits).
 CHUNK = 1 << 17
 # Elements one worker takes at a time (4 MB of float32, ~1 ms of work): small enough that the
 # workers finish together, large enough that handing them out costs nothing next to the passes.

@@ -129,7 +129,7 @@ def compare(a: VersionRecord, b: VersionRecord, open_blob: OpenBlob,
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """torch's intra-op threads off while comparing: the diff's own workers share out the
-    pieces (:mod:`.deltas`), and torch's only work is widening a 64 Ki-element chunk, too short
+    pieces (:mod:`.deltas`), and torch's only work is widening a 128 Ki-element chunk, too short
     to share out: waking a pool of threads for each cost 10-100x the work on a busy machine
     here (a 17 MB diff: 3-40 ms on one thread, 0.5-4.7 s on two)."""
     threads = torch.get_num_threads()
