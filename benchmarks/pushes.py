@@ -62,7 +62,8 @@ def push(b: Bench) -> list[Row]:
     t = interleaved({
         "floor": Case(floor, prepare=os.sync, cleanup=lambda: floor_file.unlink(missing_ok=True)),
         # A new name per run: a re-push under one name compares the weights with that name's
-        # stored shards instead of writing them (registry/unchanged.py), which is not a push.
+        # stored shards instead of writing them (registry/caching/unchanged.py), which is not a
+        # push.
         "push": Case(lambda: b.reg.push(b.net, f"bench-push-{next(names)}", factory=FACTORY,
                                          factory_kwargs=kwargs(b.size)), prepare=os.sync),
         "mlflow": Case(log_model, prepare=os.sync, cleanup=clear_art),
@@ -155,7 +156,8 @@ def _sharded_push_rows(b: Bench, reg: registry.Registry, net: BenchModel, size: 
                          shard_size=shard_size)
 
     # Each timed push goes to a store of its own, empty: a push to a store holding these
-    # weights compares them with the stored shards and writes nothing (registry/unchanged.py).
+    # weights compares them with the stored shards and writes nothing
+    # (registry/caching/unchanged.py).
     fresh: list[registry.Registry] = []
 
     def new_store() -> None:

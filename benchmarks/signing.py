@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import registry
-from registry.cache import SIGNATURE_MEMOS
+from registry.caching.cache import SIGNATURE_MEMOS
 from registry.signing import oms
 
 from .helpers import FACTORY, Bench, Case, duration, env, interleaved, kwargs, touch_module

@@ -123,9 +123,9 @@ if typing.TYPE_CHECKING:
         verify,
         webhook_deliveries,
     )
+    from .caching.prefetching import PrefetchReport
     from .client import Registry
     from .exports import Artifact
-    from .prefetching import PrefetchReport
     from .provenance.diff import VersionDiff
     from .provenance.lineage import Lineage
 

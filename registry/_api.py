@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .cachedir import CacheListing, PruneReport
+from .caching.cachedir import CacheListing, PruneReport
+from .caching.prefetching import PrefetchReport
 from .client import ModelInput, Registry
 from .doors.uri import Format
 from .events import Event
@@ -29,7 +30,6 @@ from .model.devices import DeviceRequest, DtypeRequest
 from .model.materialize import ModelSpec
 from .model.placement import DeviceMap, NoSplit
 from .oci.results import OciPush
-from .prefetching import PrefetchReport
 from .provenance.bom import BomFormat
 from .provenance.diff import VersionDiff
 from .provenance.lineage import Lineage

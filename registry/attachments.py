@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import boundedjson
 from .errors import CheckpointError, NormalizationError
 from .files import (
     MAX_FILE_BYTES,
@@ -32,6 +31,7 @@ from .files import (
 )
 from .io import safewrite
 from .io.digests import HashingWriter
+from .trust import boundedjson
 
 _CHUNK = 1024 * 1024
 # Files HF tooling leaves in a model directory that do not belong to the model.

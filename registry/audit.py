@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import RegistryError, quoted
 from .events import Event
-from .transport import segment
-from .validate import MAX_PAGE, answer_object
+from .http.transport import segment
+from .trust.validate import MAX_PAGE, answer_object
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
-    from .transport import Transport
+    from .http.transport import Transport
 
 _UPGRADE = "is REGISTRY_URI a registry server of this version?"
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from . import manifest as mf
 from ._progress import transfer
 from .audit import CatalogEvents, EventReader
-from .cache import BlobCache, VerifiedFiles
+from .caching.cache import BlobCache, VerifiedFiles
+from .caching.unchanged import KnownShard, known_shards
 from .catalog.records import VersionRecord
 from .errors import MissingBlobError, NotFoundError, UnexpectedUploadError
 from .exports.local import LocalExports
@@ -38,7 +39,6 @@ from .refs import Ref
 from .settings import DEFAULT_PUSH_LEASE, DEFAULT_TRASH_DAYS, Settings, redact_url
 from .signing import LocalSignatures, SignatureStore
 from .store import ObjectStore, Presigning, Staging, open_store
-from .unchanged import KnownShard, known_shards
 from .webhooks.local import WebhookStore, webhooks_for
 
 if TYPE_CHECKING:

@@ -36,7 +36,6 @@ from .pipelines import pull as pulling
 from .pretrained import write_pretrained
 from .provenance import capture
 from .provenance import diff as diffs
-from .record_check import checked
 from .refs import (
     Ref,
     parse,
@@ -49,6 +48,7 @@ from .refs import (
 )
 from .settings import parse_size
 from .signing.facade import SignedVersions
+from .trust.record_check import checked
 from .versions import model_version
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-from . import boundedjson
 from .errors import DigestMismatchError, NotFoundError
 from .files import VersionFile
 from .io.parallel import concurrently
 from .manifest import blob_key
 from .store import ObjectStore, Presigning, layout
+from .trust import boundedjson
 
 CHECKED = layout.CHECKED
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, get_args
 
-from . import boundedjson
 from .errors import CheckpointError, RegistryError, quoted
 from .refs import MAX_VERSION, validate_alias, validate_name
+from .trust import boundedjson
 
 EventKind = Literal[
     "version.created", "version.deleted", "version.restored", "version.expired",

@@ -85,7 +85,8 @@ class StagedFile:
     """A file written by a push, ready to upload: where it is and what it will be.
 
     ``write`` is set when the push found these bytes stored already and did not write them
-    (registry/unchanged.py): :meth:`ensure` writes the file should it be needed after all."""
+    (registry/caching/unchanged.py): :meth:`ensure` writes the file should it be needed after
+    all."""
 
     path: Path
     file: VersionFile = field()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from .cache import BlobCache
+from .caching.cache import BlobCache
 from .errors import RefError
 from .store import ObjectStore, layout
 from .store.layout import blob_digest, parse_blob_key

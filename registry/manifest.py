@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn, TypeGuard
 
-from . import boundedjson
 from .errors import DigestMismatchError, ManifestError, RefError, quoted
 from .files import VersionFile, check_file_name, weights_digest
 from .io.digests import check_digest, sha256_bytes, version_digest
@@ -34,7 +33,8 @@ from .model import architectures, statedict
 from .provenance import lineage
 from .refs import MAX_VERSION, validate_name
 from .store.layout import aliases_key, blob_key, manifest_key, tombstone_key  # noqa: F401
-from .validate import MAX_BLOB_BYTES
+from .trust import boundedjson
+from .trust.validate import MAX_BLOB_BYTES
 
 FORMAT_VERSION = 2
 # A quantized or adapter version's manifest: format 2 plus the keys below, which a format-2

@@ -31,11 +31,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import manifest as mf
-from . import validate
 from .errors import CheckpointError, RegistryError
 from .events import MAX_DETAILS_BYTES, Event, iso
 from .governance import governance_from_dict
 from .store import ObjectStore, layout
+from .trust import validate
 
 if TYPE_CHECKING:
     from .catalog.repository import Catalog
@@ -170,7 +170,7 @@ class Copies:
     def read_back(self, store: ObjectStore) -> Stored:
         """What ``db rebuild`` restores: the live manifests sorted by (name, version), the
         retired (name, version) pairs, and the alias tables, each object validated
-        (registry/validate.py). Nothing is written first: the catalog being replaced may be
+        (registry/trust/validate.py). Nothing is written first: the catalog being replaced may be
         an old backup, and its facts must not overwrite newer copies (``registry gc`` on a
         live catalog writes what a failed write owed)."""
         manifests: list[dict[str, Any]] = []

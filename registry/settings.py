@@ -55,8 +55,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal, cast
 
-from .credentials import OciCredential, bearer_token, parse_oci_auth
 from .errors import SettingsError
+from .http.credentials import OciCredential, bearer_token, parse_oci_auth
 
 VerifyMode = Literal["off", "if-signed", "require"]
 VERIFY_MODES: tuple[str, ...] = ("off", "if-signed", "require")

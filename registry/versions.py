@@ -13,28 +13,28 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from . import cachedir, prefetching
 from .backends import Backend, LocalBackend
-from .cachedir import CacheListing, PruneReport
+from .caching import cachedir, prefetching
+from .caching.cachedir import CacheListing, PruneReport
+from .caching.prefetching import PrefetchReport
 from .catalog.records import VersionRecord
 from .errors import ReferencedVersionError, RefError, SettingsError
 from .events import MAX_EVENT_ID, Event
 from .exports import Artifact
 from .gc import GcReport
 from .governance import ModelGovernance, Trashed, check_reason, check_retention
+from .http.remote import RemoteBackend
 from .io.parallel import DOWNLOAD_CONCURRENCY
 from .manifest import ModelVersion
-from .prefetching import PrefetchReport
 from .provenance import bom, card, lineage
 from .provenance.bom import BomFormat
 from .provenance.lineage import Lineage
-from .record_check import checked
 from .refs import Ref, parse, validate_alias, validate_name, validate_tags, validate_version
-from .remote import RemoteBackend
 from .settings import Settings, parse_duration, parse_size
 from .signing.records import Signature
 from .store import ObjectStore
-from .validate import strict_int
+from .trust.record_check import checked
+from .trust.validate import strict_int
 from .webhooks import Delivery, Webhook
 
 if TYPE_CHECKING:

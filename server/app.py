@@ -6,7 +6,7 @@ The server adds only what HTTP needs: auth, two-phase pushes, blob transfer and 
 
     {"error": {"code": "<RegistryError.code>", "message": "<str(exc)>"}}
 
-that ``registry.remote`` turns back into the same exception class.
+that ``registry.http.remote`` turns back into the same exception class.
 
 :func:`create_app` only assembles: it builds the app's state (``server/dependencies.py``),
 includes the routers of ``server/routes/`` and sets the body limit and the error handlers.
@@ -28,11 +28,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry.backends import LocalBackend
 from registry.doors.hf import HubDoor
 from registry.errors import NotFoundError, RegistryError, SettingsError
-from registry.mirror_mlflow import MirrorWorker
+from registry.http.wire import status_for
+from registry.mirror.mirror_mlflow import MirrorWorker
 from registry.settings import Settings
 from registry.signing.service import directory_signature
 from registry.webhooks.worker import DeliveryWorker
-from registry.wire import status_for
 
 from .auth import AuthPolicy, missing_model
 from .boundary import AsciiJSONResponse, BodyLimit, error_response

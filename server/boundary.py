@@ -21,7 +21,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from registry.wire import API, error_body
+from registry.http.wire import API, error_body
 
 # A commit carries a manifest (16 MiB holds ~150,000 tensors); every other JSON body is small.
 MAX_COMMIT_BODY = 16 * 2**20

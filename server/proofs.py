@@ -18,10 +18,10 @@ import contextlib
 import json
 from collections.abc import Iterable
 
-from registry import boundedjson
 from registry.errors import NotFoundError
 from registry.store import ObjectStore
 from registry.store.layout import proved_key
+from registry.trust import boundedjson
 
 # A marker names the models of the pushes in progress that list the blob (a handful): it is
 # read only within this bound.

@@ -19,7 +19,8 @@ the tree of visits to rooms, in the order they were made (:meth:`Walk.render` dr
   calling an upper one), and goes on from there. So ``climbs == sum(entries) - len(rooms)``: a
   walk that enters each room once has none, however many steps its conductor runs in turn (a
   return into the conductor, which the walk never left, is no climb).
-- **Ports** (``registry.backends``, ``registry.remote``: the ``Backend`` a pipeline is given) are
+- **Ports** (``registry.backends``, ``registry.http.remote``: the ``Backend`` a pipeline is given)
+  are
   not followed: calls into them are neither rooms nor entries. Behind them are the catalog, the
   store, publish and the transport, the storage layer with its own contract suite; the walk of a
   push is the pipeline's, from the model to the commit.
@@ -37,7 +38,7 @@ from types import FrameType
 from typing import Any
 
 PACKAGE = "registry"
-PORTS = ("registry.backends", "registry.remote")
+PORTS = ("registry.backends", "registry.http.remote")
 
 
 @dataclass

@@ -16,9 +16,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .. import boundedjson
 from ..errors import ManifestError
 from ..events import current_actor
+from ..trust import boundedjson
 from .events import append_event
 from .models import READY, ExportRow, ModelRow, VersionRow, live_version_id
 

@@ -69,7 +69,7 @@ class VersionRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # What the MLflow mirror last wrote for this version (a fingerprint of its visible state);
-    # NULL means pending: never mirrored, or changed since (registry/mirror_mlflow.py).
+    # NULL means pending: never mirrored, or changed since (registry/mirror/mirror_mlflow.py).
     mlflow_synced: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # The idempotency key of the push that reserved this version (catalog/pushes.py).
     push_key: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -12,7 +12,7 @@ key cannot both reserve.
 
 The key comes from the client: one per ``push()`` call (or the caller's ``idempotency_key``),
 sent with the begin and every try of the commit as the ``Idempotency-Key`` header (a header, so
-servers and clients that know nothing of keys keep working: ``registry.wire``). Versions pushed
+servers and clients that know nothing of keys keep working: ``registry.http.wire``). Versions pushed
 without one, or restored by ``db rebuild``, have none.
 """
 

@@ -18,7 +18,7 @@ import click
 
 from ..backends import LocalBackend
 from ..errors import SettingsError
-from ..remote import RemoteBackend
+from ..http.remote import RemoteBackend
 from ..settings import Settings
 from ._context import open_versions
 
@@ -164,7 +164,7 @@ def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
     backend = open_versions(ctx).backend
     if isinstance(backend, RemoteBackend):
         return backend.mlflow_sync(full=full)
-    from ..mirror_mlflow import sync, tracking_uri_for
+    from ..mirror.mirror_mlflow import sync, tracking_uri_for
 
     reg = open_versions(ctx)
     # Not a server: the embedded (local) backend.
@@ -177,7 +177,7 @@ def _sync(ctx: click.Context, *, full: bool) -> dict[str, Any]:
 @click.pass_context
 def ui(ctx: click.Context, host: str, port: int) -> None:
     """Sync the embedded registry into $REGISTRY_HOME/mlflow.db, then serve the MLflow UI on it."""
-    from ..mirror_mlflow import tracking_uri_for
+    from ..mirror.mirror_mlflow import tracking_uri_for
     reg = open_versions(ctx)
     if isinstance(reg.backend, RemoteBackend):
         raise SettingsError("`registry ui` browses the embedded registry; for a server, open "

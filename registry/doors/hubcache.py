@@ -30,9 +30,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import boundedjson
 from ..errors import ManifestError
 from ..files import check_file_name
+from ..trust import boundedjson
 
 LISTING_NAME = ".registry-hub-files.json"
 ORIGIN_NAME = ".registry-hub-origin.json"

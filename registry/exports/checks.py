@@ -23,12 +23,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import boundedjson
-from ..cache import VerifiedFiles
+from ..caching.cache import VerifiedFiles
 from ..direct_uploads import verify_blob
 from ..errors import ExportError, NotFoundError, UnexpectedUploadError
 from ..manifest import blob_key
 from ..store import ObjectStore, layout
+from ..trust import boundedjson
 
 PENDING = layout.EXPORTS_PENDING
 MAGIC = {"onnx": (b"\x08",), "torchscript": (b"PK\x03\x04",), "pt2": (b"PK\x03\x04",)}

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import manifest as mf
-from .. import validate
-from ..cache import VerifiedFiles
+from ..caching.cache import VerifiedFiles
 from ..errors import NotFoundError
 from ..store import ObjectStore, layout
+from ..trust import validate
 from . import records
 
 if TYPE_CHECKING:

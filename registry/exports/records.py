@@ -11,10 +11,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import boundedjson
 from ..errors import ManifestError, RegistryError, quoted
 from ..io.digests import check_digest
 from ..store import layout
+from ..trust import boundedjson
 from .artifact import FORMATS
 
 MAX_EXPORTS = 256

@@ -1,7 +1,7 @@
 """Exports over a registry server: the client exported and verified the artifact; the server
 stores the blob (by presigned URL or through itself) and the record. Every field of every answer
 is checked before it is used. :class:`RemoteExports` is built by
-:class:`~registry.remote.RemoteBackend` over the transport it shares."""
+:class:`~registry.http.remote.RemoteBackend` over the transport it shares."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RegistryError
-from ..transport import Transport, segment, upload_targets
-from ..validate import answer_field
-from ..wire import EXPORTS_ROUTE
+from ..http.transport import Transport, segment, upload_targets
+from ..http.wire import EXPORTS_ROUTE
+from ..trust.validate import answer_field
 from . import records
 
 

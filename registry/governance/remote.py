@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RegistryError
 from ..events import Event
-from ..transport import segment
-from ..validate import answer_object
+from ..http.transport import segment
+from ..trust.validate import answer_object
 from . import ModelGovernance, Retention, Trashed, governance_from_dict
 
 if TYPE_CHECKING:
     from ..catalog.records import VersionRecord
-    from ..transport import Transport
+    from ..http.transport import Transport
 
 
 class ServerGovernance:

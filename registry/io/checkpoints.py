@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from .. import boundedjson
 from ..errors import CheckpointError, UnsafeCheckpointError
 from ..files import INDEX_FILES, PICKLE_SUFFIXES, SAFETENSORS_SUFFIX
 from ..model.devices import device_sort_key
 from ..model.statedict import ModuleMetadata, clean_module_metadata, module_metadata_of
+from ..trust import boundedjson
 
 # Where training loops put the weights inside a dict checkpoint, in the order we look.
 NESTED_WEIGHT_KEYS = ("state_dict", "model_state_dict", "model", "module")

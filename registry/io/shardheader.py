@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import torch
 
-from .. import boundedjson
+from ..trust import boundedjson
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header's length
 MAX_DIMS = 64  # torch's own limit on a tensor's dimensions

@@ -52,10 +52,10 @@ from typing import BinaryIO
 
 import torch
 
+from ..caching.unchanged import KnownShard, matching, may_match
 from ..errors import ManifestError, NormalizationError
 from ..files import StagedFile, VersionFile, shard_name
 from ..model.devices import CODE_DTYPES, DTYPE_CODES
-from ..unchanged import KnownShard, matching, may_match
 from .digests import HashingWriter
 from .diskerrors import typed
 from .fdreader import read_open_file
@@ -206,7 +206,7 @@ def write_shards(tensors: Mapping[str, torch.Tensor], target: int, staging: Path
 
     A shard whose bytes equal one of ``known`` (verified local copies of stored shards) is not
     written: it takes that shard's digest and is written only if the push turns out to need
-    the file after all (:mod:`registry.unchanged`)."""
+    the file after all (:mod:`registry.caching.unchanged`)."""
     plan = plan_shards([(k, nbytes(t)) for k, t in tensors.items()], target)
     if not plan:
         plan = [[]]  # a model with no tensors still has one (empty) weights file

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import boundedjson
 from ..errors import (
     ForbiddenError,
     OciUnavailableError,
@@ -27,8 +26,9 @@ from ..errors import (
     UnauthorizedError,
     quoted,
 )
-from ..headers import why_not_header_value
+from ..http.headers import why_not_header_value
 from ..settings import OciCredential, parse_oci_auth
+from ..trust import boundedjson
 
 _PARAM_RE = re.compile(r'([A-Za-z_]+)="([^"]*)"')
 MAX_TOKEN_ANSWER = 1 << 20

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..cache import BlobCache
+from ..caching.cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError
 from ..io.digests import sha256_bytes

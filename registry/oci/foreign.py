@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import manifest as mf
 from ..attachments import collect, manifest_entries, stage, transformers_architecture
-from ..cache import BlobCache
+from ..caching.cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError, RefError, RegistryError
 from ..files import StagedFile, version_files

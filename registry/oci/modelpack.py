@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import boundedjson
 from ..errors import OciArtifactError, RefError, quoted
 from ..files import attached_files, check_file_name, weight_files
 from ..io.digests import check_digest, sha256_bytes
+from ..trust import boundedjson
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

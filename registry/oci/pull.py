@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from .. import manifest as mf
 from .._progress import transfer
-from ..cache import BlobCache
+from ..caching.cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import DigestMismatchError, OciArtifactError
 from ..files import StagedFile, VersionFile, version_files

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..cache import SIGNATURE_MEMOS
+from ..caching.cache import SIGNATURE_MEMOS
 from ..errors import OciArtifactError, SignatureError
 from ..io.digests import sha256_bytes
 from ..settings import Settings

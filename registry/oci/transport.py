@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from ..boundedjson import read_capped
 from ..errors import NotFoundError, OciUnavailableError, quoted
 from ..settings import OciCredential
+from ..trust.boundedjson import read_capped
 from .auth import MAX_TOKEN_ANSWER, Authenticator
 from .refs import OciRef, check_url
 

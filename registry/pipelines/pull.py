@@ -6,7 +6,8 @@ Functions over ``(backend, settings, record, ...)``: the facade (:class:`registr
 and the export service (:mod:`registry.exports.service`) both call them, and neither knows the
 other. The stages, in order:
 
-1. :func:`resolve` - ``backend.resolve`` -> :func:`registry.record_check.checked` (the manifest
+1. :func:`resolve` - ``backend.resolve`` -> :func:`registry.trust.record_check.checked` (the
+   manifest
    passes the schema and names the catalog's digest) -> the signature policy
    (``REGISTRY_VERIFY``), before any byte of the version is read;
 2. :func:`read` - the shards through the verified cache (``Backend.open_blob``, or an OCI
@@ -28,8 +29,9 @@ from typing import Any, BinaryIO, TypeGuard
 import torch
 from torch import nn
 
-from .. import cachedir
 from ..backends import Backend
+from ..caching import cachedir
+from ..caching.prefetching import resolved
 from ..catalog.records import VersionRecord
 from ..files import weight_files
 from ..formats import table as formats
@@ -43,10 +45,9 @@ from ..model import materialize as mat
 from ..model.placement import DeviceMap, NoSplit
 from ..model.statedict import ordered_state
 from ..oci.door import opened
-from ..prefetching import resolved
-from ..record_check import checked
 from ..refs import Ref, parse
 from ..settings import Settings
+from ..trust.record_check import checked
 
 # An OCI pull's fetch: (digest, size) -> the path of the verified layer in the cache.
 Fetch = Callable[[str, int], Any]

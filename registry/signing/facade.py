@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ..manifest import ModelVersion
 from ..model import devices as dev
 from ..pretrained_files import planned_files
-from ..record_check import checked
 from ..refs import Ref, parse
+from ..trust.record_check import checked
 from ..versions import Versions
 from . import push, service
 from .records import Signature

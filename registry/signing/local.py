@@ -11,12 +11,12 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import validate
 from ..errors import NotFoundError, SignatureError
 from ..files import VersionFile
 from ..io.digests import sha256_bytes
 from ..manifest import blob_key
 from ..store import Staging, layout
+from ..trust import validate
 from . import records
 from .oms import MAX_BUNDLE_BYTES
 

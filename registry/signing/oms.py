@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from .. import boundedjson
 from ..errors import SignatureError, quoted
+from ..trust import boundedjson
 from . import memo
 
 Method = Literal["key", "certificate", "sigstore"]

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import boundedjson
 from ..errors import ManifestError, RegistryError, quoted
 from ..files import VersionFile, version_files
 from ..io.digests import check_digest
 from ..store import layout
+from ..trust import boundedjson
 from .oms import MAX_BUNDLE_BYTES
 
 # The subject under which a bundle signs the version's manifest. A name no attached file can

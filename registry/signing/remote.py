@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ..errors import NotFoundError, RegistryError, SignatureError
-from ..validate import answer_field
+from ..trust.validate import answer_field
 from . import records
 from .oms import MAX_BUNDLE_BYTES
 
 if TYPE_CHECKING:  # `import registry` loads this module, and must not load the HTTP stack
-    from ..transport import Transport
+    from ..http.transport import Transport
 
 SIGNATURES_ROUTE = "/models/{name}/versions/{version}/signatures"
 

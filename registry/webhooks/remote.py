@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RegistryError, quoted
-from ..validate import answer_field, strict_int
+from ..trust.validate import answer_field, strict_int
 from . import records
 from .records import Attempt, Delivery, Webhook
 
 if TYPE_CHECKING:  # `import registry` loads this module, and must not load the HTTP stack
-    from ..transport import Transport
+    from ..http.transport import Transport
 
 ROUTE = "/webhooks"
 MAX_LISTED = 10_000

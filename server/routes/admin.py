@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from registry.mirror_mlflow import sync, tracking_uri_for
-from registry.wire import API
+from registry.http.wire import API
+from registry.mirror.mirror_mlflow import sync, tracking_uri_for
 
 from ..auth import Principal
 from ..dependencies import Backend, ServerSettings, admin

@@ -28,8 +28,8 @@ from starlette.types import Receive, Scope, Send
 from registry.backends import LocalBackend
 from registry.errors import DigestMismatchError, NotFoundError, UnexpectedUploadError
 from registry.files import VersionFile
+from registry.http.wire import API
 from registry.io.digests import HashingWriter, check_digest
-from registry.wire import API
 
 from .. import proofs
 from ..auth import Principal

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from registry.events import MAX_EVENT_ID
+from registry.http.wire import API
 from registry.refs import validate_alias, validate_name
-from registry.validate import DEFAULT_PAGE, MAX_PAGE
+from registry.trust.validate import DEFAULT_PAGE, MAX_PAGE
 from registry.versions import parse_since
-from registry.wire import API
 
 from ..auth import Principal
 from ..dependencies import Backend, admin, read

@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict
 from registry.exports import checks, records
 from registry.exports import local as exports
 from registry.files import VersionFile
+from registry.http.wire import API, EXPORTS_ROUTE
 from registry.io.digests import check_digest
 from registry.refs import validate_name, validate_version
 from registry.store.layout import blob_key
-from registry.wire import API, EXPORTS_ROUTE
 
 from ..auth import Principal
 from ..dependencies import Backend, Changed, read, write

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from registry.governance import check_reason, check_retention
+from registry.http.wire import API, record_to_wire
 from registry.refs import validate_alias, validate_name, validate_version
-from registry.wire import API, record_to_wire
 
 from ..auth import Principal
 from ..boundary import Body

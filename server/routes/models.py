@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from registry.http.wire import API, record_to_wire
 from registry.refs import (
     MAX_VERSION,
     parse,
@@ -17,9 +18,8 @@ from registry.refs import (
     validate_tags,
     validate_version,
 )
-from registry.validate import DEFAULT_PAGE, MAX_PAGE
+from registry.trust.validate import DEFAULT_PAGE, MAX_PAGE
 from registry.versions import refuse_deleting_a_base
-from registry.wire import API, record_to_wire
 
 from ..auth import Principal, visible_models
 from ..boundary import Body

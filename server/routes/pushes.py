@@ -27,10 +27,10 @@ from registry.files import (
     check_file_name,
     check_push_files,
 )
+from registry.http.wire import API, IDEMPOTENCY_HEADER, record_to_wire
 from registry.io.digests import check_digest
 from registry.refs import validate_aliases, validate_name, validate_tags, validate_version
-from registry.validate import MAX_BLOB_BYTES
-from registry.wire import API, IDEMPOTENCY_HEADER, record_to_wire
+from registry.trust.validate import MAX_BLOB_BYTES
 
 from .. import proofs
 from ..auth import Principal

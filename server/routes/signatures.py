@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from registry.record_check import checked
+from registry.http.wire import API
 from registry.refs import Ref, validate_name, validate_version
 from registry.signing.remote import SIGNATURES_ROUTE, from_wire
-from registry.wire import API
+from registry.trust.record_check import checked
 
 from ..auth import Principal
 from ..dependencies import Backend, Changed, Signing, read, write

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Query
 from pydantic import Field
 
 from registry.errors import ForbiddenError
+from registry.http.wire import API
 from registry.webhooks.remote import ROUTE
-from registry.wire import API
 
 from ..auth import Principal
 from ..boundary import Body

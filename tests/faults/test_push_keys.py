@@ -60,7 +60,7 @@ def test_a_push_retried_after_its_commit_answer_was_lost_makes_one_version(
         served: tuple[Service, AnswerDropper, Path], catalog_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     _, proxy, home = served
-    monkeypatch.setattr("registry.remote._COMMIT_RETRY_PAUSES", (0.0,))  # two tries, both lost
+    monkeypatch.setattr("registry.http.remote._COMMIT_RETRY_PAUSES", (0.0,))  # two tries, both lost
     proxy.lose("POST", "/commit", 2)
     first = registry.Registry(proxy.url)
     with pytest.raises(ServerUnavailableError, match="may have gone through") as lost:

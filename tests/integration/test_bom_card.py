@@ -15,7 +15,7 @@ import yaml
 import registry
 from registry.catalog.records import VersionRecord
 from registry.errors import RefError
-from registry.mlflow_view import MAX_DESCRIPTION, describe
+from registry.mirror.mlflow_view import MAX_DESCRIPTION, describe
 from registry.refs import parse
 from tests.helpers import clean_env, run_cli
 from tests.keys import ec_key_pair

@@ -242,7 +242,7 @@ def test_corrupted_blob_is_never_loaded(reg: Registry) -> None:
 
 def test_hot_pull_does_not_rehash(reg: Registry, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     reg.push(trained_mlp(), "m")
-    import registry.cache as cache
+    import registry.caching.cache as cache
 
     calls = []
     real = cache.sha256_file
@@ -257,7 +257,7 @@ def test_a_memo_removed_by_another_process_makes_the_next_pull_hash_again(
     """The memo a process holds in memory is worth no more than the file it was read from: a
     memo another process removed (it found the blob corrupt) is not trusted from memory."""
     reg.push(trained_mlp(), "m")
-    import registry.cache as cache
+    import registry.caching.cache as cache
 
     reg.pull_state_dict("m")  # the memo is now held in memory too
     calls = []

@@ -285,7 +285,7 @@ def test_mlflow_mirror_tags_each_version_with_its_export_formats(reg: Registry,
     pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
-    from registry.mirror_mlflow import sync
+    from registry.mirror.mirror_mlflow import sync
 
     reg.push(trained_mlp(), "mlp", factory=MLP)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

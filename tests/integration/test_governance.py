@@ -298,7 +298,7 @@ def test_the_mlflow_mirror_shows_protection_holds_and_the_last_alias_change(
         tmp_path: Path, trash_week: None) -> None:
     from mlflow import MlflowClient
 
-    from registry.mirror_mlflow import sync
+    from registry.mirror.mirror_mlflow import sync
 
     reg = registry.Registry(home=tmp_path / "home")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

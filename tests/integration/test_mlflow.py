@@ -15,9 +15,9 @@ import pytest
 
 import registry
 from registry.errors import MlflowUnavailableError
-from registry.mirror_mlflow import sync
-from registry.mlflow_client import create_aligned
-from registry.mlflow_view import version_tags
+from registry.mirror.mirror_mlflow import sync
+from registry.mirror.mlflow_client import create_aligned
+from registry.mirror.mlflow_view import version_tags
 from tests.helpers import MLP, clean_env, run_cli, trained_mlp
 from tests.integration.serving import (
     Service,

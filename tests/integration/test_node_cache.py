@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import registry
-from registry.cache import BlobCache
+from registry.caching.cache import BlobCache
 from registry.io.digests import sha256_file
 from tests.helpers import clean_env, run_cli
 
@@ -265,8 +265,8 @@ def test_ls_and_prune_count_signature_memos_and_spare_recent_blobs(
         reg: registry.Registry, tmp_path: Path, home: Path) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from registry import cachedir
-    from registry.cache import SIGNATURE_MEMOS
+    from registry.caching import cachedir
+    from registry.caching.cache import SIGNATURE_MEMOS
 
     mv = _push(reg, tmp_path, shards=2)
     cache, log, go = tmp_path / "node-cache", tmp_path / "store.log", tmp_path / "sync" / "go"

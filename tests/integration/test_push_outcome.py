@@ -96,7 +96,7 @@ def test_a_commit_whose_answer_was_lost_returns_the_committed_version(
 def test_a_server_that_never_answers_the_commit_is_a_server_error_naming_the_check(
         served: tuple[LocalBackend, TestClient], monkeypatch: pytest.MonkeyPatch) -> None:
     backend, client = served
-    monkeypatch.setattr("registry.remote._COMMIT_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr("registry.http.remote._COMMIT_RETRY_PAUSES", (0.0,))
     reg, _ = _client(client, lose=5)
     with pytest.raises(ServerUnavailableError, match=r"registry show lost:v1"):
         reg.push(trained_mlp(), "lost")

@@ -309,7 +309,7 @@ def test_save_pretrained_refuses_what_transformers_could_not_load_quantized(
 
 
 def test_the_mlflow_mirror_shows_the_scheme(reg: Registry) -> None:
-    from registry.mlflow_view import describe, version_tags
+    from registry.mirror.mlflow_view import describe, version_tags
     from registry.refs import parse
 
     mv = reg.push(_torchao(Int8WeightOnlyConfig()), "q")

@@ -35,7 +35,7 @@ def test_uri_and_local_parts_are_exclusive(tmp_path: Path) -> None:
 
 
 def test_registry_uri_selects_the_remote_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry.remote import RemoteBackend
+    from registry.http.remote import RemoteBackend
 
     monkeypatch.setenv("REGISTRY_URI", "http://127.0.0.1:9/")
     monkeypatch.setenv("REGISTRY_TOKEN", "reg_secret-token")

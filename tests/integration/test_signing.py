@@ -273,7 +273,7 @@ def test_mlflow_mirror_tags_the_signers(reg: registry.Registry, keys: tuple[KeyP
     pytest.importorskip("mlflow")
     from mlflow import MlflowClient
 
-    from registry.mirror_mlflow import sync
+    from registry.mirror.mirror_mlflow import sync
 
     producer, reviewer = keys
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,5 +1,5 @@
 """A re-push compares the shards it shares with the previous version against their verified local
-copies instead of writing and hashing them again (registry/unchanged.py); a copy that is not
+copies instead of writing and hashing them again (registry/caching/unchanged.py); a copy that is not
 verified, or whose bytes differ, never lends its digest."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from registry import Registry, weights
+from registry import Registry
 from registry import manifest as mf
 from registry.backends import LocalBackend
+from registry.io import weights
 from registry.io.digests import sha256_file
 from tests.helpers import assert_same_state, block_lm
 from tests.integration.conftest import CuttingProxy
@@ -150,11 +151,11 @@ def test_a_re_push_does_not_hash_the_reused_blobs_again(reg: Registry,
     model = block_lm()
     reg.push(model, "lm", shard_size=SHARD)
     reg.push(model, "lm", shard_size=SHARD)  # touches every blob
-    import registry.cache
+    import registry.caching.cache
 
     hashed: list[Path] = []
-    real = registry.cache.sha256_file
-    monkeypatch.setattr(registry.cache, "sha256_file",
+    real = registry.caching.cache.sha256_file
+    monkeypatch.setattr(registry.caching.cache, "sha256_file",
                         lambda p: hashed.append(Path(p)) or real(p))
     written = _count_writes(monkeypatch)
     reg.push(model, "lm", shard_size=SHARD)
@@ -215,7 +216,7 @@ def test_a_server_client_compares_against_its_cache(tmp_path: Path,
         other = Registry(server.url, home=tmp_path / "other")
         # With nothing verified in its cache, the client does not ask the server for the
         # latest version's shards before it pushes (one round trip less).
-        from registry.remote import RemoteBackend
+        from registry.http.remote import RemoteBackend
 
         resolved: list[object] = []
         real_resolve = RemoteBackend.resolve
@@ -260,9 +261,9 @@ def test_a_shard_a_first_look_shows_changed_is_written_before_the_others_are_com
 
 
 def test_a_first_look_is_certain_only_when_it_says_no(tmp_path: Path) -> None:
-    from registry.cache import VerifiedFiles
+    from registry.caching.cache import VerifiedFiles
+    from registry.caching.unchanged import KnownShard, matching, may_match
     from registry.files import VersionFile
-    from registry.unchanged import KnownShard, matching, may_match
 
     part = {"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3)}
     order, head = weights.safetensors_header(part)

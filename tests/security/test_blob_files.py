@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import registry
-from registry import cache
+from registry.caching import cache
 from registry.errors import DigestMismatchError
 from registry.io.weights import write_safetensors
 from tests.helpers import trained_mlp

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import registry
-from registry import transport
 from registry.errors import DigestMismatchError
+from registry.http import transport
 from tests.helpers import trained_mlp
 from tests.integration.serving import Service, registry_server
 

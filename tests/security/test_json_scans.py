@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 import registry
-from registry import boundedjson
 from registry.io.digests import sha256_bytes
+from registry.trust import boundedjson
 from tests.integration.serving import Service
 
 from .hostile import HostileServer
@@ -79,7 +79,7 @@ def test_strings_with_brackets_do_not_count_as_depth() -> None:
 
 def test_ten_times_the_freezing_input_is_refused_at_once() -> None:
     """800,000 pairs: the old scan needed hours (8,000 took 1.5 s, growing with the square)."""
-    code = ("from registry import boundedjson\n"
+    code = ("from registry.trust import boundedjson\n"
             "text = '[' * 65 + chr(34) + (chr(92) + chr(34)) * 800_000\n"
             "try:\n    boundedjson.loads(text)\nexcept ValueError as exc:\n"
             "    print(type(exc).__name__)\n")
@@ -178,7 +178,7 @@ def test_a_freezing_server_answer_is_refused(hostile: HostileServer, home: Path)
 def test_a_server_answer_over_the_cap_is_cut_off(hostile: HostileServer,
                                                  hostile_client: registry.Registry,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry import transport
+    from registry.http import transport
 
     monkeypatch.setattr(transport, "MAX_ANSWER", 2**20)
     hostile.answer("GET", "/api/v1/resolve", b" " * (4 * 2**20), raw=True)
@@ -188,7 +188,7 @@ def test_a_server_answer_over_the_cap_is_cut_off(hostile: HostileServer,
 
 
 def test_upload_headers_from_a_server_answer_are_checked_before_use() -> None:
-    from registry.transport import upload_headers
+    from registry.http.transport import upload_headers
 
     assert upload_headers({"x-amz-checksum-sha256": "abc="}, "http://s") == {
         "x-amz-checksum-sha256": "abc="}

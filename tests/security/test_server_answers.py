@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import registry
 from registry.errors import DigestMismatchError, RegistryError
-from registry.wire import record_from_wire
+from registry.http.wire import record_from_wire
 from tests.helpers import clean_env, run_cli
 
 from .hostile import HostileServer

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from registry import manifest as mf
-from registry.cache import BlobCache
+from registry.caching.cache import BlobCache
 from registry.errors import RefError
 from registry.io import digests
 from registry.io.digests import BLOCK, HashingWriter, check_digest, sha256_file, version_digest

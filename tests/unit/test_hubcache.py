@@ -12,7 +12,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from registry import cachedir
+from registry.caching import cachedir
 from registry.doors import hubcache
 
 

@@ -117,7 +117,7 @@ def test_an_interpreter_exiting_mid_prefault_exits_cleanly(tmp_path: Path) -> No
 
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.randn(2048, 2048)}, str(path))
-    code = ("from safetensors.torch import load_file\nfrom registry import prefault\n"
+    code = ("from safetensors.torch import load_file\nfrom registry.io import prefault\n"
             f"prefault.start(load_file({str(path)!r}).values(), threads=2, chunk=4096)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
@@ -131,7 +131,7 @@ def test_a_forked_child_starts_workers_of_its_own(tmp_path: Path) -> None:
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.randn(512, 512)}, str(path))
     code = (
-        "import os\nfrom safetensors.torch import load_file\nfrom registry import prefault\n"
+        "import os\nfrom safetensors.torch import load_file\nfrom registry.io import prefault\n"
         f"t = load_file({str(path)!r})\n"
         "assert all(j.wait(30) for j in prefault.start(t.values(), threads=2, chunk=4096))\n"
         "pid = os.fork()\n"

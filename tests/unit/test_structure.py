@@ -61,7 +61,7 @@ LAZY_OWN_IMPORTS: dict[tuple[str, str], tuple[int, str]] = {
     ("registry.cli.admin", "registry.catalog.db"): (3, "db upgrade/downgrade/current: alembic"),
     ("registry.cli.service", "server.app"): (1, "serve: fastapi, uvicorn"),
     ("registry.cli.service", "server.auth"): (4, "serve, token create/revoke/ls: the server's"),
-    ("registry.cli.service", "registry.mirror_mlflow"): (2, "sync, ui: the MLflow mirror"),
+    ("registry.cli.service", "registry.mirror.mirror_mlflow"): (2, "sync, ui: the MLflow mirror"),
     # The catalog's ORM (sqlalchemy) stays out of `import registry` and of a remote `ls`;
     # publish.reconcile runs only where a local catalog is open.
     ("registry.publish", "registry.catalog.models"): (1, "the READY / DELETED row states"),

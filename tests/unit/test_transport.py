@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from registry.errors import NotFoundError, RegistryError
-from registry.remote import RemoteBackend
-from registry.transport import target_url
+from registry.http.remote import RemoteBackend
+from registry.http.transport import target_url
 
 
 def _backend(tmp_path: Path, seen: list[httpx.Request]) -> RemoteBackend:

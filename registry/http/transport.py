@@ -1,7 +1,7 @@
 """HTTP to one registry server: JSON calls under its API, blob uploads and downloads (straight
 to object storage by presigned URL, or through the server), each answer checked before use.
 
-:class:`Transport` is built by :class:`~registry.remote.RemoteBackend` and shared with the
+:class:`Transport` is built by :class:`~registry.http.remote.RemoteBackend` and shared with the
 components it owns (its exports, its signatures), so every request to the server goes one way.
 httpx is imported on first use.
 
@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from . import boundedjson
-from ._progress import transfer
-from .cache import BlobCache
-from .errors import (
+from .._progress import transfer
+from ..caching.cache import BlobCache
+from ..errors import (
     DigestMismatchError,
     RefError,
     RegistryError,
@@ -32,8 +31,9 @@ from .errors import (
     StoreUnavailableError,
     quoted,
 )
+from ..io.digests import HashingWriter, check_digest
+from ..trust import boundedjson
 from .headers import why_not_header_value
-from .io.digests import HashingWriter, check_digest
 from .wire import API, error_class
 
 if TYPE_CHECKING:

@@ -4,7 +4,8 @@ The Registry facade runs the same push and pull pipelines on it as on LocalBacke
 catalog and store calls travel over HTTP. Blobs go straight to and from object storage when the
 server hands out presigned URLs (S3), or through the server (file store), and always land in the
 same verified content-addressed cache as on the embedded path. The HTTP itself is
-:class:`~registry.transport.Transport`, which this backend builds and shares with the components
+:class:`~registry.http.transport.Transport`, which this backend builds and shares with the
+components
 it owns: its exports (registry/exports/remote.py) and its signatures (registry/signing/remote.py).
 """
 
@@ -19,22 +20,21 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from .audit import ServerEvents
-from .backends import PushResult
-from .cache import BlobCache
-from .catalog.records import VersionRecord
-from .errors import RegistryError, ServerUnavailableError, SettingsError, quoted
-from .exports.remote import RemoteExports
-from .files import StagedFile
-from .gc import GcReport
-from .governance.remote import ServerGovernance
-from .io.digests import check_digest
-from .io.parallel import UPLOAD_CONCURRENCY, concurrently
-from .refs import Ref, parse, validate_name
-from .signing.remote import RemoteSignatures
-from .transport import Transport, segment, upload_targets
-from .unchanged import KnownShard, known_shards
-from .validate import (
+from ..audit import ServerEvents
+from ..backends import PushResult
+from ..caching.cache import BlobCache
+from ..caching.unchanged import KnownShard, known_shards
+from ..catalog.records import VersionRecord
+from ..errors import RegistryError, ServerUnavailableError, SettingsError, quoted
+from ..exports.remote import RemoteExports
+from ..files import StagedFile
+from ..gc import GcReport
+from ..governance.remote import ServerGovernance
+from ..io.digests import check_digest
+from ..io.parallel import UPLOAD_CONCURRENCY, concurrently
+from ..refs import Ref, parse, validate_name
+from ..signing.remote import RemoteSignatures
+from ..trust.validate import (
     MAX_PAGE,
     answer_field,
     answer_object,
@@ -42,7 +42,8 @@ from .validate import (
     strict_int,
     version_number,
 )
-from .webhooks.remote import RemoteWebhooks
+from ..webhooks.remote import RemoteWebhooks
+from .transport import Transport, segment, upload_targets
 from .wire import IDEMPOTENCY_HEADER, record_from_wire
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ waiter whose downloader was killed takes the lock and downloads itself: only a f
 verified is ever renamed into ``blobs/``, so a partial download is never seen. A reader holds
 the lock shared for as long as its verified file stays open (``BlobCache.open``), and
 ``registry cache prune`` removes only blobs whose lock it takes exclusively without waiting:
-a blob in use by a pull is never removed under it (registry/cachedir.py).
+a blob in use by a pull is never removed under it (registry/caching/cachedir.py).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from . import boundedjson
-from .errors import DigestMismatchError
-from .io.digests import hexdigest, sha256_file
+from ..errors import DigestMismatchError
+from ..io.digests import hexdigest, sha256_file
+from ..trust import boundedjson
 
 # Where signing.oms.recall finds the signature checks that passed (see the layout above).
 SIGNATURE_MEMOS = "signatures"

@@ -15,15 +15,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import manifest as mf
-from .catalog.records import VersionRecord
-from .display import human_bytes, quantization_method, version_table
-from .files import weight_files
-from .manifest import ModelVersion
-from .provenance import card
+from .. import manifest as mf
+from ..catalog.records import VersionRecord
+from ..display import human_bytes, quantization_method, version_table
+from ..files import weight_files
+from ..manifest import ModelVersion
+from ..provenance import card
 
 if TYPE_CHECKING:
-    from .backends import LocalBackend
+    from ..backends import LocalBackend
 
 _TAG_KEY_RE = re.compile(r"[^\w.\- /]")
 # MLflow keeps a version's description in a VARCHAR(5000) column.

@@ -4,7 +4,8 @@ What an init container, a DaemonSet warming a node's cache or KServe's LocalMode
 runs before the model server starts: ``registry prefetch REF...``. It resolves the ref as a pull
 does (the record checked, the signature policy applied), then opens each blob through the
 backend's verified cache (``Backend.open_blob``: one download per blob per cache, however many
-processes ask; registry/cache.py) and records the version in the cache (registry/cachedir.py).
+processes ask; registry/caching/cache.py) and records the version in the cache
+(registry/caching/cachedir.py).
 Nothing here imports torch.
 """
 
@@ -15,20 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._progress import transfer
+from ..catalog.records import VersionRecord
+from ..errors import RefError
+from ..files import VersionFile, attached_files, total_size, unique_by_digest, weight_files
+from ..io.parallel import DOWNLOAD_CONCURRENCY, concurrently
+from ..refs import Ref, parse
+from ..signing import service as signing
+from ..trust.record_check import checked
 from . import cachedir
-from ._progress import transfer
 from .cache import SIGNATURE_MEMOS, BlobCache
-from .catalog.records import VersionRecord
-from .errors import RefError
-from .files import VersionFile, attached_files, total_size, unique_by_digest, weight_files
-from .io.parallel import DOWNLOAD_CONCURRENCY, concurrently
-from .record_check import checked
-from .refs import Ref, parse
-from .signing import service as signing
 
 if TYPE_CHECKING:
-    from .backends import Backend
-    from .settings import Settings
+    from ..backends import Backend
+    from ..settings import Settings
 
 
 @dataclass(frozen=True)

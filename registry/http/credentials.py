@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import SettingsError
+from ..errors import SettingsError
 from .headers import why_not_header_value
 
 

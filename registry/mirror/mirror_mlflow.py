@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .catalog.mirror import claim_token, live_claim
-from .catalog.records import VersionRecord
-from .errors import NotFoundError
+from ..catalog.mirror import claim_token, live_claim
+from ..catalog.records import VersionRecord
+from ..errors import NotFoundError
 from .mlflow_client import (
     mapped_errors,
     mirror_version,
@@ -49,8 +49,8 @@ from .mlflow_client import (
 from .mlflow_view import export_records, governance_tags, signature_tag, view
 
 if TYPE_CHECKING:
-    from .backends import LocalBackend
-    from .settings import Settings
+    from ..backends import LocalBackend
+    from ..settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ list and header are the same as a stored one's holds the same bytes exactly when
 data compares equal to that file's data. Comparing runs at memory speed; hashing does not.
 
 The digest recorded for a matched shard is the stored blob's name, so a match counts only when
-that copy is known to hash to it: its verification memo (:class:`registry.cache.VerifiedFiles`:
+that copy is known to hash to it: its verification memo
+(:class:`registry.caching.cache.VerifiedFiles`:
 size, mtime, ctime, inode) must hold for the open file both before and after the comparison,
 so the bytes compared are the bytes that were hashed. A copy with no memo, a changed or corrupt
 copy, a different header or any differing byte is no match, and the shard is written and hashed
@@ -30,17 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import manifest as mf
+from .. import manifest as mf
+from ..errors import RegistryError
+from ..files import VersionFile, weight_files
+from ..refs import Ref
 from .cache import VerifiedFiles
-from .errors import RegistryError
-from .files import VersionFile, weight_files
-from .refs import Ref
 
 if TYPE_CHECKING:
     # Annotations only: the backends import this module, and `registry ls` imports no torch.
     import torch
 
-    from .catalog.records import VersionRecord
+    from ..catalog.records import VersionRecord
 
 _CHUNK = 16 * 2**20
 

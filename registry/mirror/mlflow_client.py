@@ -18,10 +18,10 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .catalog.records import VersionRecord
-from .errors import MlflowUnavailableError, RegistryError
+from ..catalog.records import VersionRecord
+from ..errors import MlflowUnavailableError, RegistryError
+from ..settings import redact_url
 from .mlflow_view import MODEL_TAGS, VersionView, model_description
-from .settings import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .catalog.records import VersionRecord
-from .errors import (
+from ..catalog.records import VersionRecord
+from ..errors import (
     ERRORS_BY_CODE,
     AliasProtectedError,
     CatalogUnavailableError,
@@ -31,7 +31,7 @@ from .errors import (
     VersionExistsError,
     VersionHeldError,
 )
-from .validate import answer_record
+from ..trust.validate import answer_record
 
 API = "/api/v1"
 # The header of a push's begin and commit that names the push (catalog/pushes.py): a begin with

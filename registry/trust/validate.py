@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..catalog.records import VersionRecord
+from ..errors import CheckpointError, RefError, RegistryError, quoted
+from ..io.digests import check_digest
+from ..refs import MAX_VERSION, validate_alias, validate_name, validate_tags
 from . import boundedjson
-from .catalog.records import VersionRecord
-from .errors import CheckpointError, RefError, RegistryError, quoted
-from .io.digests import check_digest
-from .refs import MAX_VERSION, validate_alias, validate_name, validate_tags
 
 T = TypeVar("T")
 

@@ -3,9 +3,9 @@ names the digest the catalog (or an OCI artifact) shows, whoever produced the re
 
 from __future__ import annotations
 
-from . import manifest as mf
-from .catalog.records import VersionRecord
-from .errors import DigestMismatchError
+from .. import manifest as mf
+from ..catalog.records import VersionRecord
+from ..errors import DigestMismatchError
 
 # Manifest texts that passed mf.validate in this process: a record parsed from one of them
 # holds the same manifest, so only the checks against the record itself run again (0.1 ms of a

@@ -1,12 +1,13 @@
 """The local cache seen whole: which versions it holds (``registry cache ls``) and bounding it
 (``registry cache prune``), safe beside pulls running at the same moment.
 
-Beside the layout of registry/cache.py, a pull or a prefetch writes down the version it read::
+Beside the layout of registry/caching/cache.py, a pull or a prefetch writes down the version it
+read::
 
     versions/<sha256(name:vN)[:32]>.json   {"name", "version", "digest", "files": [[digest, size]]}
 
 so the listing can say which versions the blobs make up. The memo's mtime is the version's last
-use; a blob's last use is its lock file's mtime (touched by every open, registry/cache.py).
+use; a blob's last use is its lock file's mtime (touched by every open, registry/caching/cache.py).
 The Hub door's derived revisions (``hub/<commit>/``, a dtype variant or a rewritten directory
 made by ``registry serve``: registry/doors/hubcache.py) are listed and pruned beside the blobs,
 by their last use too.
@@ -38,19 +39,20 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from . import boundedjson
+from ..catalog.records import VersionRecord
+from ..doors import hubcache
+from ..doors.hubcache import DerivedRevision
+from ..errors import RefError
+from ..files import version_files
+from ..io.digests import check_digest
+from ..trust import boundedjson
 from .cache import LOCK_SUFFIX, SIGNATURE_MEMOS, BlobCache
-from .catalog.records import VersionRecord
-from .doors import hubcache
-from .doors.hubcache import DerivedRevision
-from .errors import RefError
-from .files import version_files
-from .io.digests import check_digest
 
 VERSIONS = "versions"
 HUB = "hub"  # the Hub door's derived revisions
 MAX_VERSION_MEMO_BYTES = 4 * 2**20  # a memo lists a version's blobs: a few KB
-# A download's temporary file is named after its blob: 16 hex digits, a dash (registry/cache.py).
+# A download's temporary file is named after its blob: 16 hex digits, a dash
+# (registry/caching/cache.py).
 _DOWNLOAD_PREFIX = re.compile(r"[0-9a-f]{16}")
 
 
