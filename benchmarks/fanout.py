@@ -48,7 +48,10 @@ if mode == "registry":
     reg = registry.Registry()
     reg.show(ref)  # the HTTP client and its TLS context made, as a serving process has them
     def run():
-        state = reg.pull_state_dict(ref, device="cpu")
+        # In the stored float16, as row 12 loads it: dtype="auto" would add each process's
+        # private float32 copy on the CPU, work that grows with the processes whatever the
+        # cache does (docs/performance.md, row 37).
+        state = reg.pull_state_dict(ref, device="cpu", dtype="float16")
         touch(t for t in state.values() if isinstance(t, torch.Tensor))
 else:
     import boto3
