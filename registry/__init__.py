@@ -145,7 +145,7 @@ _LAZY = {
     "Registry": ".client",
     "Artifact": ".exports",
     "Lineage": ".provenance.lineage",
-    "PrefetchReport": ".prefetching",
+    "PrefetchReport": ".caching.prefetching",
     "VersionDiff": ".provenance.diff",
 }
 
