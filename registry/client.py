@@ -1,69 +1,79 @@
-"""The Registry facade: the public calls of push, pull and export, on top of the catalog
-operations of ``versions.py``. It delegates: the pull pipeline is :mod:`registry.pipelines.pull`,
-the manifest a push writes :class:`registry.manifest.Draft`, exports :mod:`registry.exports`."""
+"""The Registry facade: every public call, each delegated. It holds its collaborators as fields
+and inherits from none: the catalog operations (:class:`registry.versions.Versions`, no torch),
+the signing calls (:class:`registry.signing.facade.Signing`) and the backend they share; the two
+pipelines (:mod:`registry.pipelines.push`, :mod:`registry.pipelines.pull`), the exports
+(:mod:`registry.exports.service`) and the OCI door (:mod:`registry.oci.door`) are functions over
+that backend and the settings."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from . import attachments
-from . import manifest as mf
+from .backends import Backend
+from .caching.cachedir import CacheListing, PruneReport
+from .caching.prefetching import PrefetchReport
 from .doors import uri as uri_door
-from .errors import AdapterError, RefError
+from .events import Event
 from .exports import Artifact, ExportFormat
 from .exports import service as exports
 from .exports.common import make_request
-from .formats import table as formats
-from .formats.base import Bases
-from .io.weights import write_shards
+from .gc import GcReport
+from .governance import ModelGovernance, Trashed
+from .io.parallel import DOWNLOAD_CONCURRENCY
 from .manifest import ModelVersion
-from .model import architectures
 from .model import devices as dev
 from .model import materialize as mat
-from .model.factories import factory_string, warn_if_unpullable
 from .model.placement import DeviceMap, NoSplit
 from .oci import door as oci_door
 from .oci.results import OciPush
 from .pipelines import pull as pulling
-from .pretrained import write_pretrained
-from .provenance import capture
+from .pipelines import push as pushing
 from .provenance import diff as diffs
-from .refs import (
-    Ref,
-    parse,
-    parse_push_target,
-    push_name_and_tags,
-    validate_aliases,
-    validate_name,
-    validate_push_key,
-    validate_tags,
-)
-from .settings import parse_size
-from .signing.facade import SignedVersions
+from .provenance.bom import BomFormat
+from .provenance.lineage import Lineage
+from .refs import Ref, parse, validate_aliases, validate_name, validate_tags
+from .signing.facade import PathLike, Signing
+from .signing.records import Signature
+from .store import ObjectStore
 from .trust.record_check import checked
-from .versions import model_version
+from .versions import Versions, model_version, with_signatures
+from .webhooks import Delivery, Webhook
+
+if TYPE_CHECKING:
+    from .catalog.repository import Catalog
 
 ModelInput = nn.Module | Mapping[str, Any] | str | os.PathLike[str]
 
 
-class Registry(SignedVersions):
+class Registry:
     """A model registry: embedded (SQLite + local files) by default, configured by environment.
 
     ``Registry(uri=None, *, home=None, catalog=None, store=None, token=None)``: ``catalog`` and
-    ``store`` take URLs (or a Catalog / ObjectStore); ``home`` replaces ``REGISTRY_HOME``.
-    Reads and catalog edits (show, list, alias, tag, delete, gc) come from :class:`Versions`,
-    which needs no torch; push, pull and export are here.
+    ``store`` take URLs (or a Catalog / ObjectStore); ``home`` replaces ``REGISTRY_HOME``;
+    ``uri`` (or ``REGISTRY_URI``) opens a registry server instead.
     """
 
-    # -- push -----------------------------------------------------------------------------
+    def __init__(self, uri: str | None = None, *, home: str | os.PathLike[str] | None = None,
+                 catalog: str | Catalog | None = None, store: str | ObjectStore | None = None,
+                 token: str | None = None) -> None:
+        self._versions = Versions(uri, home=home, catalog=catalog, store=store, token=token)
+        self.settings, self._backend = self._versions.settings, self._versions.backend
+        self._signing = Signing(self.settings, self._backend)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._backend!r})"
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
 
     def push(
         self,
@@ -107,65 +117,11 @@ class Registry(SignedVersions):
         Lineage (``parents`` refs, ``datasets`` ``{"name", "uri", "digest"}``, ``run`` ``{"id",
         "uri"}``, and what ``REGISTRY_LINEAGE*`` captures) goes into the signed manifest.
         """
-        name, tags = push_name_and_tags(name, tags)  # the design card's push(model, tags)
-        target, claim = parse_push_target(name) if name is not None else (None, None)
-        alias_list = validate_aliases(aliases)
-        tag_map = cast(dict[str, str], validate_tags(tags))
-        push_key = None if idempotency_key is None else validate_push_key(idempotency_key)
-        architecture: dict[str, Any] = {}
-        if factory is not None:
-            architecture["factory"] = warn_if_unpullable(factory_string(factory),
-                                                         self.settings.trusted_factories)
-            architecture["factory_kwargs"] = _json_object(factory_kwargs, "factory_kwargs")
-        elif factory_kwargs:
-            raise RefError("factory_kwargs given without factory; pass factory='module:callable'")
-        if precision is not None and (not isinstance(precision, str) or not precision):
-            raise RefError(f"invalid precision {precision!r}: use a label such as 'amp-fp16'")
-        prefixes = [keep_in_fp32] if isinstance(keep_in_fp32, str) else list(keep_in_fp32)
-
-        target_size = (self.settings.shard_size if shard_size is None
-                       else parse_size(shard_size, "shard_size", minimum=1))
-        trail = capture.begin_push(self.settings, self._backend.resolve, parents, datasets, run)
-
-        named = attachments.collect(model, files)
-        if factory is None and isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-            architecture = attachments.transformers_architecture(Path(model)) or {}
-        weights = formats.flatten(  # a PEFT model: its adapter, over the base version found
-            model, precision=precision, keep_in_fp32=prefixes, record_architecture=factory is None,
-            bases=Bases(parse(base) if base else None, self._backend.resolve, self._newest_first))
-        architecture = {**weights.architecture, **architecture}
-        named = self._signed_source(model, named, weights.source)
-        if target is None:
-            target = architectures.default_name(tag_map, architecture) if weights.name is None \
-                else tag_map.get("name") or weights.name
-        # The latest version's shards found on this machine are compared, not written again.
-        staged = write_shards(weights.tensors, target_size, self._backend.staging_dir(),
-                              known=self._backend.known_shards(target))
-        try:
-            staged += attachments.stage(named, self._backend.staging_dir())
-            shards = [s.file for s in staged if s.file.role == "weights"]
-            draft = mf.Draft(
-                name=target, created_at=datetime.now(timezone.utc).isoformat(),
-                shards=shards,
-                tensors=weights.specs,
-                tied_aliases=len(weights.tied), extras=weights.extras,
-                architecture=architecture, source=trail.source(
-                    weights.source, target, shards,
-                    weights.sections.get("adapter", {}).get("base")),
-                module_metadata=weights.module_metadata, key_order=weights.key_order,
-                tags=tag_map, sections=weights.sections,
-                attachments=attachments.manifest_entries(
-                    [s for s in staged if s.file.role == "file"]))
-            with self._signing_commit(sign_key):
-                result = self._backend.push(target, claim, staged, draft.for_version,
-                                            tag_map, alias_list, idempotency_key=push_key)
-        finally:
-            for s in staged:
-                s.path.unlink(missing_ok=True)
-        return self._signed_push(model_version(result.record, push=result.report()),
-                                 sign_key)
-
-    # -- pull: the pipeline lives in registry/pipelines/pull.py ------------------------------
+        return pushing.push(self._backend, self.settings, model, pushing.request(
+            self.settings, name, tags=tags, aliases=aliases, factory=factory,
+            factory_kwargs=factory_kwargs, precision=precision, keep_in_fp32=keep_in_fp32,
+            shard_size=shard_size, files=files, base=base, sign_key=sign_key,
+            idempotency_key=idempotency_key, parents=parents, datasets=datasets, run=run))
 
     def pull(
         self,
@@ -215,50 +171,10 @@ class Registry(SignedVersions):
         ``merge=True`` its base's directory with the adapter merged into the weights (pulled on
         the CPU in the base's stored dtype, or ``dtype``, and merged there by PEFT)."""
         if merge:
-            return self._merged_pretrained(ref, dest_dir, dtype)
-        with pulling.opened_files(self._backend, self.settings, ref) as (record, open_blob):
-            root = write_pretrained(record.manifest, open_blob, dest_dir, dtype,
-                                    f"{record.name}:v{record.version}")
-        if pulling.is_oci(ref):  # the store's signatures sign its own versions, not this one
-            return root
-        return self._signed_directory(record, dtype, root)
-
-    def _merged_pretrained(self, ref: str | Ref, dest_dir: str | os.PathLike[str],
-                           dtype: dev.DtypeRequest) -> Path:
-        if pulling.is_oci(ref):
-            raise AdapterError(f"merge=True merges an adapter version of this registry into its "
-                               f"base; {ref} is an OCI artifact: import it first "
-                               "(registry oci pull)")
-        record = pulling.resolve(self._backend, self.settings, ref)
-        origin = f"{record.name}:v{record.version}"
-        if "adapter" not in record.manifest:
-            raise AdapterError(f"{origin} is not an adapter version: merge=True merges an "
-                               f"adapter into its base; call save_pretrained({origin!r}) "
-                               "without merge")
-        base = formats.adapter(record.manifest, origin).base
-        with pulling.opened_files(self._backend, self.settings, base) as (stored, open_blob):
-            if "quantization" in stored.manifest:
-                raise AdapterError(
-                    f"{origin}: its base {stored.name}:v{stored.version} is quantized, and a "
-                    "merged directory would hold its weights quantized again with a config the "
-                    "version does not record; pull(ref, dtype='float32', merge=True) gives the "
-                    "merged float model (its save_pretrained writes it)")
-            # Merged in the dtype it is written in (the base's, when its floats share one):
-            # float32 would double a bfloat16 base's memory for a rounding PEFT's merge avoids.
-            floats = {t["dtype"] for t in stored.manifest["tensors"].values()
-                      if getattr(torch, t["dtype"]).is_floating_point}
-            merge_dtype = dtype if dev.parse_dtype(dtype) is not None else (
-                floats.pop() if len(floats) == 1 else "float32")
-            merged = pulling.pull(self._backend, self.settings, origin,
-                                   pulling.Target(device="cpu", dtype=merge_dtype), merge=True)
-            state = merged.state_dict()
-            missing = sorted(set(stored.manifest["tensors"]) - state.keys())
-            if missing:
-                raise AdapterError(f"{origin}: the merged model has no {missing[:3]} that its "
-                                   f"base {stored.name}:v{stored.version} stores; pull it with "
-                                   "merge=True and save it with its own save_pretrained")
-            return write_pretrained(stored.manifest, open_blob, dest_dir, dtype,
-                                    f"{stored.name}:v{stored.version}", weights=state)
+            return pulling.merged_pretrained(self._backend, self.settings, ref, dest_dir, dtype)
+        record, root = pulling.pretrained(self._backend, self.settings, ref, dest_dir, dtype)
+        # The store's signatures sign its own versions, not an OCI artifact's directory.
+        return root if pulling.is_oci(ref) else self._signing.signed_directory(record, dtype, root)
 
     def show(self, ref: str | Ref) -> ModelVersion:
         """The version ``ref`` names, with its signatures (listed, not verified); an OCI
@@ -266,8 +182,8 @@ class Registry(SignedVersions):
         where this registry pushed it, normalized as a pull does where another producer did."""
         if pulling.is_oci(ref):
             record, listed = oci_door.described(str(ref), self.settings)
-            return self._with_signatures(model_version(record), listed)
-        return super().show(ref)
+            return with_signatures(self._backend, model_version(record), listed)
+        return self._versions.show(ref)
 
     def diff(self, a: str | Ref, b: str | Ref) -> diffs.VersionDiff:
         """What changed from ``a`` to ``b``, reading no shard both hold (provenance/diff.py)."""
@@ -308,7 +224,28 @@ class Registry(SignedVersions):
         return done if isinstance(done, ModelVersion) else model_version(done.record,
                                                                          push=done.report())
 
-    # -- exports: the logic lives in registry/exports ----------------------------------------
+    def sign(self, ref: str | Ref, *, key: PathLike, certificate: PathLike | None = None,
+             chain: Sequence[PathLike] = ()) -> Signature:
+        """Sign version ``ref`` with an EC private key (PEM), or with the key and its
+        ``certificate`` plus the ``chain`` up to its CA: an OpenSSF Model Signing bundle over
+        every file of the version and its manifest, stored with it. A version may carry several
+        signatures (producer, reviewer). Keyless Sigstore signing needs the network to reach
+        Sigstore's CA and log, so it is not offered here."""
+        return self._signing.sign(ref, key=key, certificate=certificate, chain=chain)
+
+    def verify(self, ref: str | Ref, *, public_keys: Sequence[PathLike] | None = None,
+               certificates: Sequence[PathLike] | None = None,
+               fast: bool = False) -> list[Signature]:
+        """The signatures of ``ref`` that verify with ``public_keys`` (PEM) or through a chain
+        to ``certificates`` (CA PEM); by default REGISTRY_TRUSTED_KEYS / REGISTRY_TRUSTED_CERTS.
+        A signature whose key is trusted but which does not verify raises SignatureError.
+
+        Where one verifies, every file it covers is hashed again as stored (the weights read
+        once, through the verified cache over a server): a stored byte changed since the push
+        raises SignatureError naming the file. ``fast=True`` checks the signatures against the
+        manifest's digests only, reading no weight."""
+        return self._signing.verify(ref, public_keys=public_keys, certificates=certificates,
+                                    fast=fast)
 
     def export(self, ref: str | Ref, *, format: ExportFormat = "onnx",
                input_shapes: Sequence[Sequence[int]] | None = None,
@@ -341,16 +278,161 @@ class Registry(SignedVersions):
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
             dtype=dtype, tolerance=tolerance, model=model, out=out))
 
+    # -- the catalog operations: registry/versions.py -----------------------------------------
 
-# -- helpers ------------------------------------------------------------------------------
+    def lineage(self, ref: str | Ref) -> Lineage:
+        """Where ``ref`` came from (git commit, run, datasets, libraries, parents, as its
+        signed manifest records them) and the versions that name it as a parent, found
+        through the catalog."""
+        return self._versions.lineage(ref)
 
+    def bom(self, ref: str | Ref, format: BomFormat = "cyclonedx") -> dict[str, Any]:
+        """The AI-BOM of ``ref`` as JSON: CycloneDX 1.6 (``format="cyclonedx"``), the version a
+        ``machine-learning-model`` with every file's SHA-256, its parents and datasets as
+        components; or SPDX 3.0.1 JSON-LD (``format="spdx"``) with the AI and Dataset
+        profiles: an ``ai_AIPackage`` containing its files, ``trainedOn`` each dataset's
+        ``dataset_DatasetPackage``, each parent ``ancestorOf`` it (registry/provenance/bom.py)."""
+        return self._versions.bom(ref, format)
 
-def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise RefError(f"{what} must be a dict, got {type(value).__name__}")
-    try:
-        return dict(json.loads(json.dumps(dict(value), allow_nan=False)))
-    except (TypeError, ValueError) as exc:
-        raise RefError(f"{what} must be JSON-serializable: {exc}") from None
+    def card(self, ref: str | Ref) -> str:
+        """A Hugging Face style model card of ``ref`` (YAML front matter, then identity,
+        training device/dtype/wrapping, quantization, lineage, signatures and files), written
+        from its manifest; ``save_pretrained`` writes it as ``README.md``."""
+        return self._versions.card(ref)
+
+    def list_models(self) -> list[str]:
+        """Names of models with at least one version, sorted."""
+        return self._versions.list_models()
+
+    def list_versions(self, name: str) -> list[ModelVersion]:
+        """Every live version of ``name``, oldest first."""
+        return self._versions.list_versions(name)
+
+    def list_exports(self, ref: str | Ref) -> list[Artifact]:
+        """The stored exports of ``ref``, oldest first (``path`` is None: nothing is fetched)."""
+        return self._versions.list_exports(ref)
+
+    def history(self, name: str, alias: str | None = None, *,
+                since: datetime | str | None = None, limit: int | None = None) -> list[Event]:
+        """What happened to model ``name`` (to ``name@alias`` only, when given), oldest first:
+        the events at or after ``since`` (a datetime or ISO-8601 text), the newest ``limit`` of
+        them. Deleted versions keep their history."""
+        return self._versions.history(name, alias, since=since, limit=limit)
+
+    def events(self, *, since_id: int | None = None, limit: int | None = None) -> list[Event]:
+        """Events of every model with an id above ``since_id``, oldest first, at most ``limit``
+        (the audit log; through a server it needs the admin scope)."""
+        return self._versions.events(since_id=since_id, limit=limit)
+
+    def set_alias(self, name: str, alias: str, version: int | str, *,
+                  force: bool = False) -> ModelVersion:
+        """Point ``name@alias`` at ``version`` (moving it if it pointed elsewhere); a protected
+        alias moves only with ``force`` (through a server: for an admin token)."""
+        return self._versions.set_alias(name, alias, version, force=force)
+
+    def delete_alias(self, name: str, alias: str, *, force: bool = False) -> None:
+        """Remove ``name@alias``; a protected alias only with ``force`` (server: admin)."""
+        return self._versions.delete_alias(name, alias, force=force)
+
+    def protect_alias(self, name: str, alias: str) -> None:
+        """Protect ``name@alias``: moving or deleting it then needs ``force`` (embedded) or
+        the admin scope (server)."""
+        return self._versions.protect_alias(name, alias)
+
+    def unprotect_alias(self, name: str, alias: str) -> None:
+        return self._versions.unprotect_alias(name, alias)
+
+    def hold(self, ref: str | Ref, reason: str) -> ModelVersion:
+        """Hold the version ``ref`` names: nobody may delete, trash or expire it until
+        :meth:`release`."""
+        return self._versions.hold(ref, reason)
+
+    def release(self, ref: str | Ref) -> ModelVersion:
+        """Lift the hold on version ``ref`` (through a server: admin scope)."""
+        return self._versions.release(ref)
+
+    def set_retention(self, name: str, *, keep_last: int | None = None,
+                      max_age: timedelta | str | None = None) -> None:
+        """``gc`` trashes versions of ``name`` that are not among the ``keep_last`` newest and
+        older than ``max_age`` (``"90d"``), never an aliased, held or base version; with
+        neither, the policy is cleared."""
+        return self._versions.set_retention(name, keep_last=keep_last, max_age=max_age)
+
+    def restore_version(self, ref: str | Ref) -> ModelVersion:
+        """Bring deleted version ``name:vN`` back from the trash (within REGISTRY_TRASH_DAYS);
+        its aliases are not restored."""
+        return self._versions.restore_version(ref)
+
+    def list_trash(self, name: str | None = None) -> list[Trashed]:
+        """Deleted versions still restorable (of ``name``, or of every model)."""
+        return self._versions.list_trash(name)
+
+    def governance(self, name: str) -> ModelGovernance:
+        """``name``'s protected aliases, held versions and retention policy."""
+        return self._versions.governance(name)
+
+    def set_tags(self, ref: str | Ref, tags: Mapping[str, str | None]) -> ModelVersion:
+        """Merge ``tags`` into the version's tags; a None value removes a tag."""
+        return self._versions.set_tags(ref, tags)
+
+    def list_adapters(self, ref: str | Ref) -> list[ModelVersion]:
+        """The adapter versions over the version ``ref`` names (any version of a bare name)."""
+        return self._versions.list_adapters(ref)
+
+    def delete_version(self, ref: str | Ref, *, force: bool = False) -> ModelVersion:
+        """Move version ``name:vN`` to the trash (its number is never reused;
+        :meth:`restore_version` brings it back within REGISTRY_TRASH_DAYS, then gc purges it).
+        A version that aliases point at, or that adapters name as their base, needs ``force``;
+        one a protected alias points at needs ``force`` (server: admin); a held one is
+        refused."""
+        return self._versions.delete_version(ref, force=force)
+
+    def add_webhook(self, url: str, events: str | Iterable[str], *,
+                    models: str | Iterable[str] | None = None,
+                    secret: str | None = None) -> Webhook:
+        """POST every event of ``events`` kinds (or ``"*"``) on models matching ``models``
+        (fnmatch patterns; None: all) to ``url``, signed; ``secret`` is generated when absent
+        and returned once, in the Webhook's ``secret``."""
+        return self._versions.add_webhook(url, events, models=models, secret=secret)
+
+    def list_webhooks(self) -> list[Webhook]:
+        """Every webhook, oldest first (secrets are never listed)."""
+        return self._versions.list_webhooks()
+
+    def remove_webhook(self, id: str) -> None:  # noqa: A002 (the contract's name)
+        """Remove webhook ``id`` and what it was owed."""
+        return self._versions.remove_webhook(id)
+
+    def test_webhook(self, id: str) -> int:  # noqa: A002
+        """Send webhook ``id`` a ``ping`` event now; the receiver's HTTP status."""
+        return self._versions.test_webhook(id)
+
+    def webhook_deliveries(self, id: str, *, limit: int = 100) -> list[Delivery]:  # noqa: A002
+        """Webhook ``id``'s newest deliveries, newest first, each with its attempts."""
+        return self._versions.webhook_deliveries(id, limit=limit)
+
+    def gc(self) -> GcReport:
+        """Remove store and cache objects that no version references."""
+        return self._versions.gc()
+
+    def prefetch(self, ref: str | Ref, *, files: bool = True,
+                 jobs: int = DOWNLOAD_CONCURRENCY) -> PrefetchReport:
+        """Every blob of ``ref`` (with ``files``, its attached files too) verified in the local
+        cache without building the model (an init container's or a node cache's job); a
+        second call fetches nothing (``report.already_cached``). ``jobs``: blobs fetched at
+        once. One download per blob however many processes prefetch or pull it at once."""
+        return self._versions.prefetch(ref, files=files, jobs=jobs)
+
+    def cache_list(self) -> CacheListing:
+        """The versions and bytes the local cache (REGISTRY_CACHE_DIR) holds."""
+        return self._versions.cache_list()
+
+    def prune_cache(self, *, keep: Iterable[str | Ref] = (), max_size: int | str | None = None,
+                    older_than: str | timedelta | None = None) -> PruneReport:
+        """Remove cached blobs and signature memos: those unused for ``older_than``, then the
+        least recently used until the cache holds at most ``max_size``; with neither, all.
+        Blobs of ``keep`` (refs, resolved here) stay, and so does any blob a pull reads now."""
+        return self._versions.prune_cache(keep=keep, max_size=max_size, older_than=older_than)
+
+    def close(self) -> None:
+        self._versions.close()

@@ -1,9 +1,9 @@
-"""The facade's catalog half: a registry opened from the environment, and every operation that
+"""The catalog operations: a registry opened from the environment, and every operation that
 reads or edits versions without touching a tensor (show, list, alias, tag, delete, exports, gc).
 
 Nothing here imports torch, so the CLI commands built on it (``ls``, ``show``, ``alias``,
-``tag``, ``rm``, ``gc``, ``db``) answer at once. :class:`registry.Registry` adds push, pull and
-export on top of it.
+``tag``, ``rm``, ``gc``, ``db``) answer at once. :class:`registry.Registry` holds one
+:class:`Versions` and delegates these calls to it, beside push, pull and export.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Versions:
     def show(self, ref: str | Ref) -> ModelVersion:
         """The version ``ref`` names (the latest one for a bare name), with its signatures."""
         mv = model_version(self._backend.resolve(parse(ref)))
-        return self._with_signatures(self._with_governance([mv])[0])
+        return with_signatures(self._backend, self._with_governance([mv])[0])
 
     def _with_governance(self, versions: list[ModelVersion]) -> list[ModelVersion]:
         """``metadata["governance"]`` where a version has a protected alias or a hold
@@ -107,26 +107,6 @@ class Versions:
             if marks:
                 mv.metadata["governance"] = marks
         return versions
-
-    def _with_signatures(self, mv: ModelVersion,
-                         listed: list[dict[str, Any]] | None = None) -> ModelVersion:
-        """``metadata["signatures"]``: the version's signatures, as listed (not verified;
-        ``listed``: the records an OCI artifact carries); absent for an unsigned version,
-        whose metadata stays its manifest and tags."""
-        if listed is None:
-            listed = self._backend.signatures.listed(mv.name, mv.version)
-        shown = [Signature.from_record(r).to_dict() for r in listed]
-        source = mv.metadata.get("source")
-        signed = source.get("signed_files") if isinstance(source, dict) else None
-        if isinstance(signed, dict):  # the pushed directory's model.sig, with its status
-            shown.append({"method": signed.get("method"), "signer": signed.get("signer"),
-                          "file": signed.get("file"), "of": "the pushed files",
-                          "verified": bool(signed.get("verified")),
-                          "status": signed.get("status") or (
-                              "verified" if signed.get("verified") else "unverified")})
-        if shown:
-            mv.metadata["signatures"] = shown
-        return mv
 
     # -- provenance: computed from manifests and catalog links (registry/provenance) ------------
 
@@ -282,7 +262,7 @@ class Versions:
                                                           force=force))
 
     def _newest_first(self) -> Iterable[VersionRecord]:
-        return _newest_first(self._backend)
+        return newest_first(self._backend)
 
     # -- webhooks (registry/webhooks) ------------------------------------------------------
 
@@ -382,6 +362,27 @@ def model_version(record: VersionRecord, *, push: dict[str, int] | None = None) 
                         list(record.aliases), metadata)
 
 
+def with_signatures(backend: Backend, mv: ModelVersion,
+                    listed: list[dict[str, Any]] | None = None) -> ModelVersion:
+    """``mv`` with ``metadata["signatures"]``: its signatures, as listed (not verified;
+    ``listed``: the records an OCI artifact carries); absent for an unsigned version, whose
+    metadata stays its manifest and tags."""
+    if listed is None:
+        listed = backend.signatures.listed(mv.name, mv.version)
+    shown = [Signature.from_record(r).to_dict() for r in listed]
+    source = mv.metadata.get("source")
+    signed = source.get("signed_files") if isinstance(source, dict) else None
+    if isinstance(signed, dict):  # the pushed directory's model.sig, with its status
+        shown.append({"method": signed.get("method"), "signer": signed.get("signer"),
+                      "file": signed.get("file"), "of": "the pushed files",
+                      "verified": bool(signed.get("verified")),
+                      "status": signed.get("status") or (
+                          "verified" if signed.get("verified") else "unverified")})
+    if shown:
+        mv.metadata["signatures"] = shown
+    return mv
+
+
 def adapters_over(bases: Iterable[VersionRecord],
                   versions: Iterable[VersionRecord]) -> list[VersionRecord]:
     """The adapter versions among ``versions`` over one of ``bases`` (by name and digest: an
@@ -400,11 +401,12 @@ def refuse_deleting_a_base(backend: Backend, name: str, version: int, *,
     ``force``, the facade's and the server's DELETE route alike. ``shown`` picks the model
     names the message may name (a server's caller limited to some models); the others are
     counted, not named."""
-    _refuse_deleting_a_base(backend.resolve(Ref(name, version)), _newest_first(backend),
+    _refuse_deleting_a_base(backend.resolve(Ref(name, version)), newest_first(backend),
                             shown)
 
 
-def _newest_first(backend: Backend) -> Iterable[VersionRecord]:
+def newest_first(backend: Backend) -> Iterable[VersionRecord]:
+    """Every live version of every model, each model's newest first (read lazily)."""
     return (r for name in backend.list_models() for r in reversed(backend.list_versions(name)))
 
 

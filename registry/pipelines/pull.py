@@ -7,8 +7,7 @@ and the export service (:mod:`registry.exports.service`) both call them, and nei
 other. The stages, in order:
 
 1. :func:`resolve` - ``backend.resolve`` -> :func:`registry.trust.record_check.checked` (the
-   manifest
-   passes the schema and names the catalog's digest) -> the signature policy
+   manifest passes the schema and names the catalog's digest) -> the signature policy
    (``REGISTRY_VERIFY``), before any byte of the version is read;
 2. :func:`read` - the shards through the verified cache (``Backend.open_blob``, or an OCI
    artifact's layers), each loaded by :func:`registry.io.weights.load_shard` while the others
@@ -24,6 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
 import torch
@@ -33,6 +33,7 @@ from ..backends import Backend
 from ..caching import cachedir
 from ..caching.prefetching import resolved
 from ..catalog.records import VersionRecord
+from ..errors import AdapterError
 from ..files import weight_files
 from ..formats import table as formats
 from ..io import prefault
@@ -45,6 +46,7 @@ from ..model import materialize as mat
 from ..model.placement import DeviceMap, NoSplit
 from ..model.statedict import ordered_state
 from ..oci.door import opened
+from ..pretrained import write_pretrained
 from ..refs import Ref, parse
 from ..settings import Settings
 from ..trust.record_check import checked
@@ -211,3 +213,55 @@ def read(backend: Backend, settings: Settings, record: VersionRecord,
     for alias, kept in tied.items():
         out[alias] = out[kept]
     return out
+
+
+def pretrained(backend: Backend, settings: Settings, ref: str | Ref,
+               dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest
+               ) -> tuple[VersionRecord, Path]:
+    """``save_pretrained(ref)``: the version written as a ``from_pretrained`` directory (its
+    recorded config, its weights, ``dtype`` casting floating tensors, its attached files);
+    (the record, the directory)."""
+    with opened_files(backend, settings, ref) as (record, open_blob):
+        return record, write_pretrained(record.manifest, open_blob, dest_dir, dtype,
+                                        f"{record.name}:v{record.version}")
+
+
+def merged_pretrained(backend: Backend, settings: Settings, ref: str | Ref,
+                      dest_dir: str | os.PathLike[str], dtype: dev.DtypeRequest) -> Path:
+    """``save_pretrained(ref, merge=True)``: an adapter version's base written as a
+    ``from_pretrained`` directory with the adapter merged into its weights (pulled on the CPU in
+    the base's stored dtype, or ``dtype``, and merged there by PEFT)."""
+    if is_oci(ref):
+        raise AdapterError(f"merge=True merges an adapter version of this registry into its "
+                           f"base; {ref} is an OCI artifact: import it first "
+                           "(registry oci pull)")
+    record = resolve(backend, settings, ref)
+    origin = f"{record.name}:v{record.version}"
+    if "adapter" not in record.manifest:
+        raise AdapterError(f"{origin} is not an adapter version: merge=True merges an "
+                           f"adapter into its base; call save_pretrained({origin!r}) "
+                           "without merge")
+    base = formats.adapter(record.manifest, origin).base
+    with opened_files(backend, settings, base) as (stored, open_blob):
+        if "quantization" in stored.manifest:
+            raise AdapterError(
+                f"{origin}: its base {stored.name}:v{stored.version} is quantized, and a "
+                "merged directory would hold its weights quantized again with a config the "
+                "version does not record; pull(ref, dtype='float32', merge=True) gives the "
+                "merged float model (its save_pretrained writes it)")
+        # Merged in the dtype it is written in (the base's, when its floats share one):
+        # float32 would double a bfloat16 base's memory for a rounding PEFT's merge avoids.
+        floats = {t["dtype"] for t in stored.manifest["tensors"].values()
+                  if getattr(torch, t["dtype"]).is_floating_point}
+        merge_dtype = dtype if dev.parse_dtype(dtype) is not None else (
+            floats.pop() if len(floats) == 1 else "float32")
+        merged = pull(backend, settings, origin, Target(device="cpu", dtype=merge_dtype),
+                      merge=True)
+        state = merged.state_dict()
+        missing = sorted(set(stored.manifest["tensors"]) - state.keys())
+        if missing:
+            raise AdapterError(f"{origin}: the merged model has no {missing[:3]} that its "
+                               f"base {stored.name}:v{stored.version} stores; pull it with "
+                               "merge=True and save it with its own save_pretrained")
+        return write_pretrained(stored.manifest, open_blob, dest_dir, dtype,
+                                f"{stored.name}:v{stored.version}", weights=state)

@@ -1,36 +1,38 @@
-"""The signing half of the Registry facade: ``sign``, ``verify`` and the hooks by which push,
-show and save_pretrained take part (a pull's signature policy is a stage of
-:mod:`registry.pipelines.pull`; declared as a mixin so the facade stays one screen of
-calls). Every method is a thin call of :mod:`registry.signing.service` with the backend's
-signature store and the settings' policy."""
+"""The facade's signing calls: ``sign`` and ``verify`` of a version, and the signature of a
+directory ``save_pretrained`` writes. :class:`registry.Registry` holds a :class:`Signing` and
+delegates to it; a push's signing steps are :mod:`registry.signing.push`, a pull's signature
+policy a stage of :mod:`registry.pipelines.pull`. Every method is a thin call of
+:mod:`registry.signing.service` with the backend's signature store and the settings' policy."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..manifest import ModelVersion
 from ..model import devices as dev
 from ..pretrained_files import planned_files
 from ..refs import Ref, parse
+from ..settings import Settings
 from ..trust.record_check import checked
-from ..versions import Versions
-from . import push, service
+from . import service
 from .records import Signature
-from .remote import RemoteSignatures, wire
 
 if TYPE_CHECKING:
+    from ..backends import Backend
     from ..catalog.records import VersionRecord
 
 PathLike = str | os.PathLike[str]
 
 
-class SignedVersions(Versions):
-    """Signatures of versions (OpenSSF Model Signing) over :class:`Versions`; :class:`Registry`
-    builds on it."""
+class Signing:
+    """Signatures of versions (OpenSSF Model Signing) in ``backend``'s signature store, checked
+    against ``settings``' trusted keys and certificates."""
+
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self._backend = backend
 
     def sign(self, ref: str | Ref, *, key: PathLike, certificate: PathLike | None = None,
              chain: Sequence[PathLike] = ()) -> Signature:
@@ -66,38 +68,8 @@ class SignedVersions(Versions):
             service.rehash(self._backend.open_blob, record.manifest)
         return good
 
-    # -- hooks of the facade's pipelines ----------------------------------------------------
-
-    def _signed_source(self, model: object, named: Mapping[str, Path],
-                       source: dict[str, Any]) -> dict[str, Path]:
-        """A pushed directory's ``model.sig``, checked and kept (registry/signing/push.py)."""
-        files, fact = push.check_source(model, named, self.settings)
-        if fact is not None:
-            source["signed_files"] = fact
-        return files
-
-    @contextlib.contextmanager
-    def _signing_commit(self, sign_key: PathLike | None) -> Iterator[None]:
-        """Over a server, a push with ``sign_key`` sends its signature with the commit (a
-        server may refuse unsigned commits); the embedded registry signs once committed."""
-        store = self._backend.signatures
-        if sign_key is None or not isinstance(store, RemoteSignatures):
-            yield
-            return
-        store.commit_signer = lambda manifest: wire(*service.make(
-            manifest, key=Path(sign_key), pretrained=planned_files(manifest)))
-        try:
-            yield
-        finally:
-            store.commit_signer = None
-
-    def _signed_push(self, mv: ModelVersion, sign_key: PathLike | None) -> ModelVersion:
-        if sign_key is not None and not isinstance(self._backend.signatures, RemoteSignatures):
-            self.sign(mv.ref, key=sign_key)
-        return self._with_signatures(mv) if sign_key is not None else mv
-
-    def _signed_directory(self, record: VersionRecord, dtype: dev.DtypeRequest,
-                          root: Path) -> Path:
+    def signed_directory(self, record: VersionRecord, dtype: dev.DtypeRequest,
+                         root: Path) -> Path:
         """``model.sig`` for a directory written with the stored bytes (``dtype="auto"``)."""
         if dev.parse_dtype(dtype) is None:
             service.write_directory_signature(self._backend.signatures, record.manifest, root)

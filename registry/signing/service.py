@@ -2,7 +2,9 @@
 manifest and the caller's keys. Nothing here reads a weight: a version's subjects are the
 digests its manifest lists, which every pull verifies as it reads the blobs anyway.
 
-The pull policy (``REGISTRY_VERIFY``) is :func:`enforce`:
+A push signs through :func:`commit_signer` (around the commit) and :func:`sign_committed` (after
+it), steps of :mod:`registry.pipelines.push`. The pull policy (``REGISTRY_VERIFY``) is
+:func:`enforce`:
 
 - ``off``: signatures are not looked at;
 - ``if-signed`` (default): every signature whose key or certificate is trusted must verify;
@@ -13,17 +15,26 @@ The pull policy (``REGISTRY_VERIFY``) is :func:`enforce`:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..errors import DigestMismatchError, SignatureError
 from ..files import version_files
 from ..io.digests import sha256_bytes, sha256_file
+from ..pretrained_files import planned_files
+from ..refs import Ref
+from ..trust.record_check import checked
 from . import oms, records
 from .records import Signature
+from .remote import RemoteSignatures, wire
+
+if TYPE_CHECKING:
+    from ..catalog.records import VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +76,34 @@ def sign(store: SignatureStore, manifest: Mapping[str, Any], *, key: str | Path,
                            pretrained=pretrained)
     kept = store.add(manifest["name"], manifest["version"], record, bundles)
     return Signature.from_record(kept)
+
+@contextlib.contextmanager
+def commit_signer(store: SignatureStore, sign_key: str | os.PathLike[str] | None
+                  ) -> Iterator[None]:
+    """Around a push's commit: over a server, a push with ``sign_key`` sends its signature with
+    the commit (a server may refuse unsigned commits); the embedded registry signs once
+    committed (:func:`sign_committed`)."""
+    if sign_key is None or not isinstance(store, RemoteSignatures):
+        yield
+        return
+    store.commit_signer = lambda manifest: wire(*make(
+        manifest, key=Path(sign_key), pretrained=planned_files(manifest)))
+    try:
+        yield
+    finally:
+        store.commit_signer = None
+
+
+def sign_committed(store: SignatureStore, committed: VersionRecord,
+                   sign_key: str | os.PathLike[str] | None,
+                   resolve: Callable[[Ref], VersionRecord]) -> None:
+    """Sign the version a push with ``sign_key`` committed as ``Registry.sign`` does (resolved
+    and checked again); over a server, :func:`commit_signer` signed it with its commit."""
+    if sign_key is None or isinstance(store, RemoteSignatures):
+        return
+    record = checked(resolve(Ref(committed.name, committed.version)))
+    sign(store, record.manifest, key=Path(sign_key), pretrained=planned_files(record.manifest))
+
 
 def verify(store: SignatureStore, manifest: Mapping[str, Any], *,
            public_keys: Sequence[Path] = (), certificates: Sequence[Path] = (),

@@ -48,8 +48,8 @@ def test_the_verbs_push_and_pull_stay_functions_beside_the_pipelines() -> None:
     import importlib
     import importlib.util
 
-    importlib.import_module("registry.pipelines.pull")
     for verb in ("push", "pull"):
+        importlib.import_module(f"registry.pipelines.{verb}")
         assert importlib.util.find_spec(f"registry.{verb}") is None, verb
         assert inspect.isfunction(getattr(registry, verb)), verb
         assert getattr(registry, verb) is getattr(_api, verb), verb
