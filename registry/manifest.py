@@ -265,7 +265,7 @@ def validate(manifest: object, *, origin: str) -> dict[str, Any]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
         _fail(origin, "tags", tags, "a dict of str -> str")
     _attachments(m.get("attachments", []), origin)
-    for part in EXTENDED_KEYS:  # checked in full where used (quantized.py, adapters.py)
+    for part in EXTENDED_KEYS:  # checked in full where used (registry/formats/)
         if part in m:
             if fmt != EXTENDED_FORMAT:
                 _fail(origin, "format_version", fmt, f"{EXTENDED_FORMAT} in a manifest with "

@@ -1,4 +1,5 @@
-"""The interface every quantization format implements, and what push gets from the formats.
+"""The interface every quantization format implements, what push gets from the formats, and the
+steps a pull takes for a version's format.
 
 A format is one module of this package (``torchao.py``, ``dynamic.py``, ``ctensors.py``) that
 satisfies :class:`Format` by its module-level names, as ``transformers/quantizers/`` has one

@@ -1,10 +1,6 @@
 """What several formats share: the checked record a rebuild builds on (:class:`Checked`), the
-fields every ``quantization`` record has, and dtype names.
-
-These are facts about formats, as :mod:`registry.model.devices` holds facts about the machine: the
-pull's device check and ``device_map`` planning put the two together. No format module is
-imported here; each format module builds on this one.
-"""
+fields every ``quantization`` record has, and dtype names. No format module is imported here;
+each builds on this one (and on ``base.py``)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def capture(module: nn.Module, signature: Mapping[str, tuple[int, ...]] | None =
             ) -> dict[str, Any]:
     """The architecture entries that rebuild ``module`` (empty for anything else).
     ``signature``: the keys and shapes the rebuilt float module must have, when they are not
-    ``module``'s own (a packed quantized model's, registry/ctensors.py)."""
+    ``module``'s own (a packed quantized model's, registry/formats/ctensors.py)."""
     if _comes_from(module, "transformers"):
         return _transformers_record(module, signature)
     if _comes_from(module, "timm"):

@@ -1,8 +1,9 @@
 """Modules built with their parameters on ``meta``: no memory, no random init.
 
 :func:`empty_parameters` is used wherever a module is built only to be filled or measured: a
-pull (:mod:`registry.model.materialize`), a push checking that a recorded architecture rebuilds
-(:mod:`registry.model.architectures`), LoRA layers attached to a base (:mod:`registry.adapters`).
+pull (:mod:`registry.model.materialize`), a push checking that a recorded architecture
+rebuilds (:mod:`registry.model.architectures`), LoRA layers attached to a base
+(:mod:`registry.formats.lora`).
 
 torch is imported on first use, not with this module: :mod:`registry.model.architectures` is read
 by manifest validation, which the catalog commands of the CLI run without torch. Whoever
