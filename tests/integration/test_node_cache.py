@@ -203,23 +203,33 @@ def test_a_prefetch_and_a_prune_beside_a_pull_that_is_downloading(
     hold = tmp_path / "hold"
     # The pull begins all three shards and stops each after its first chunk.
     puller = _start(home, cache, log, go, 0.0, "pull", hold=hold)
-    tmp = cache / "tmp"
-    _wait_until(lambda: len([w for w, _, _ in _log(log) if w == "start"]) == 3
-                and len([p for p in tmp.iterdir() if p.stat().st_size > 0]) == 3,
-                "the pull's three downloads under way", [puller])
-    prefetcher = _start(home, cache, log, go, 0.0, "prefetch")
-    locks = [BlobCache(cache).lock_path(d) for d in shards]
-    _wait_until(lambda: all(_blocked_on(lock) == 1 for lock in locks),
-                "the prefetch waiting on each of the pull's downloads", [puller, prefetcher])
+    procs = [puller]
+    try:
+        tmp = cache / "tmp"
+        _wait_until(lambda: len([w for w, _, _ in _log(log) if w == "start"]) == 3
+                    and len([p for p in tmp.iterdir() if p.stat().st_size > 0]) == 3,
+                    "the pull's three downloads under way", procs)
+        prefetcher = _start(home, cache, log, go, 0.0, "prefetch")
+        procs.append(prefetcher)
+        locks = [BlobCache(cache).lock_path(d) for d in shards]
+        _wait_until(lambda: all(_blocked_on(lock) == 1 for lock in locks),
+                    "the prefetch waiting on each of the pull's downloads", procs)
 
-    # A prune now removes nothing being downloaded: no partial file of a live download is
-    # swept, and the shards are not in blobs/ yet (only config.json may be, the prefetch's).
-    env = clean_env(home, REGISTRY_CACHE_DIR=str(cache))
-    out = json.loads(run_cli("cache", "prune", "--json", env=env, check=True).stdout)
-    assert out["temporary_files"] == 0 and len(list(tmp.iterdir())) == 3
-    assert set(out["removed"]) <= {config} and out["busy"] == []
-    hold.touch()
-    pulled, prefetched = _results([puller, prefetcher])
+        # A prune now removes nothing being downloaded: no partial file of a live download
+        # is swept, and the shards are not in blobs/ yet (only config.json may be, the
+        # prefetch's).
+        env = clean_env(home, REGISTRY_CACHE_DIR=str(cache))
+        out = json.loads(run_cli("cache", "prune", "--json", env=env, check=True).stdout)
+        assert out["temporary_files"] == 0 and len(list(tmp.iterdir())) == 3
+        assert set(out["removed"]) <= {config} and out["busy"] == []
+        hold.touch()
+        pulled, prefetched = _results(procs)
+    finally:  # a failed check leaves no process held
+        hold.touch()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     assert pulled["sums"] == expected
     assert prefetched["files"] == 4  # the three shards (the pull's downloads) and config.json
