@@ -7,10 +7,12 @@ take the parts in order of their offsets and write each byte where it belongs (`
 Writes are whole :data:`BLOCK`-sized pieces at aligned offsets, so the page cache holds the
 file in 2 MiB folios, which a mapped pull maps with one fault each (digests.py says why).
 
-Meanwhile the calling thread hashes: each stretch of the file is read back (from the page cache)
-and hashed once every byte before it is written, so sha256 runs beside the download, on another
-thread than the sockets, and what is hashed is what the file holds. A single part is hashed as
-it is read. No byte outside ``[0, size)`` is asked for, and an answer longer or shorter than
+sha256 runs in order beside the download. The thread of the part the hashed prefix ends in
+hashes each block it writes, from its buffer (no copy, and sha256 releases the GIL); bytes that
+land beyond that prefix (later parts, done earlier) are read back from the page cache by the
+calling thread once every byte before them is written and hashed. So the hash trails the first
+unfinished part, and what is hashed is what was written. A single part is hashed as it is
+read. No byte outside ``[0, size)`` is asked for, and an answer longer or shorter than
 its range is refused. A part whose stream breaks is asked again from where it stopped, up to
 :data:`PART_ATTEMPTS` times; the first failure stops the other parts, and nothing returns while
 a part still writes the file.
@@ -31,7 +33,7 @@ from .retry import Unreachable
 # Writes are whole blocks at aligned offsets (but a part's ends): 2 MiB is the smallest piece
 # that still leaves a file in 2 MiB folios (8 MiB writes leave the same, and cost 4x the buffer).
 BLOCK = 2 * 2**20
-# What the hashing thread reads back at once.
+# What the calling thread reads back at once to hash it.
 HASH_READ = 8 * 2**20
 # Tries of one part when its stream breaks (s3transfer's num_download_attempts is 5).
 PART_ATTEMPTS = 5
@@ -46,16 +48,21 @@ class Stopped(Exception):
 
 
 class _Parts:
-    """The parts of one object, handed out in order to the threads that fetch them, and the
-    bytes each has written so far (the hashing thread follows them)."""
+    """The parts of one object, handed out in order to the threads that fetch them; the bytes
+    each has written so far; and the hash of the object's bytes in order, which one thread at a
+    time extends (``hashing``)."""
 
     def __init__(self, size: int, part_size: int) -> None:
+        self.size = size
         self.parts = [(at, min(part_size, size - at)) for at in range(0, size, part_size)]
         self.written = [0] * len(self.parts)
         self.next = 0  # the next part to hand out
         self.first = 0  # the first part not wholly written: the written prefix ends in it
         self.failed: BaseException | None = None
         self.cond = threading.Condition()
+        self.sha = hashlib.sha256()
+        self.hashed = 0  # bytes hashed, from the start
+        self.hashing = False
 
     def take(self) -> int | None:
         with self.cond:
@@ -64,15 +71,28 @@ class _Parts:
             self.next += 1
             return self.next - 1
 
-    def wrote(self, index: int, done: int) -> None:
+    def wrote(self, index: int, at: int, block: memoryview, done: int) -> None:
+        """Part ``index`` wrote ``block`` at ``at`` (``done`` bytes of it written now): hashed
+        here when it is the next in order and no other thread hashes."""
         with self.cond:
             self.written[index] = done
-            if index != self.first:
-                return  # the written prefix is as long as before: the hashing thread sleeps on
+            mine = not self.hashing and self.hashed == at
+            self.hashing |= mine
+            grew = index == self.first
             while self.first < len(self.parts) and \
                     self.written[self.first] == self.parts[self.first][1]:
                 self.first += 1
-            self.cond.notify_all()
+            if not mine:
+                if grew:  # the calling thread may read back and hash what is written now
+                    self.cond.notify_all()
+                return
+        try:
+            self.sha.update(block)
+        finally:
+            with self.cond:
+                self.hashed += len(block)
+                self.hashing = False
+                self.cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
         with self.cond:
@@ -80,20 +100,39 @@ class _Parts:
                 self.failed = exc
             self.cond.notify_all()
 
-    def ready(self, hashed: int) -> int:
-        """Wait until bytes are written past the first ``hashed`` (each before them written
-        too); the written prefix's length then. Raises the first failure of a part."""
-        with self.cond:
-            while True:
-                if self.failed is not None:
-                    raise self.failed
-                if self.first == len(self.parts):
-                    prefix = self.parts[-1][0] + self.parts[-1][1]
-                else:
-                    prefix = self.parts[self.first][0] + self.written[self.first]
-                if prefix > hashed:
-                    return prefix
-                self.cond.wait()
+    def catch_up(self, fd: int, what: str) -> None:
+        """On the calling thread, until every byte is hashed: read back and hash what was
+        written past the hashed prefix while no part's thread hashes. Raises the first failure
+        of a part."""
+        view = memoryview(bytearray(HASH_READ))
+        while True:
+            with self.cond:
+                while True:
+                    if self.failed is not None:
+                        raise self.failed
+                    if self.hashed == self.size:
+                        return
+                    prefix = self.size if self.first == len(self.parts) else \
+                        self.parts[self.first][0] + self.written[self.first]
+                    if not self.hashing and prefix > self.hashed:
+                        break
+                    self.cond.wait()
+                self.hashing = True
+                hashed = self.hashed
+            try:
+                while hashed < prefix:
+                    n = os.preadv(fd, [view[:min(HASH_READ, prefix - hashed)]], hashed)
+                    if n <= 0:
+                        raise DigestMismatchError(f"{what}: a downloaded part vanished from "
+                                                  "its file before it was hashed; it was "
+                                                  "discarded")
+                    self.sha.update(view[:n])
+                    hashed += n
+            finally:
+                with self.cond:
+                    self.hashed = hashed
+                    self.hashing = False
+                    self.cond.notify_all()
 
 
 def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
@@ -103,9 +142,9 @@ def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
     writing) and return their ``"sha256:<hex>"``. ``retryable``: the errors of a broken stream,
     after which a part is asked again from where it stopped (:class:`Unreachable` once it broke
     :data:`PART_ATTEMPTS` times); ``what`` names the object in messages."""
-    sha = hashlib.sha256()
     fetch = _Fetch(fd, get, retryable, what, progress)
     if size <= part_size:
+        sha = hashlib.sha256()
         fetch(0, size, sha=sha)
         return f"sha256:{sha.hexdigest()}"
     parts = _Parts(size, part_size)
@@ -117,7 +156,7 @@ def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
                 fetch(at, length, parts=parts, index=index)
         except Stopped:
             pass
-        except BaseException as exc:  # handed to the hashing thread, which raises it
+        except BaseException as exc:  # handed to the calling thread, which raises it
             parts.fail(exc)
 
     threads = [threading.Thread(target=work, name="registry-s3-part", daemon=True)
@@ -125,24 +164,14 @@ def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
     for thread in threads:
         thread.start()
     try:
-        view = memoryview(bytearray(HASH_READ))
-        hashed = 0
-        while hashed < size:
-            ready = parts.ready(hashed)
-            while hashed < ready:
-                n = os.preadv(fd, [view[:min(HASH_READ, ready - hashed)]], hashed)
-                if n <= 0:
-                    raise DigestMismatchError(f"{what}: a downloaded part vanished from its "
-                                              "file before it was hashed; it was discarded")
-                sha.update(view[:n])
-                hashed += n
+        parts.catch_up(fd, what)
     except BaseException:
         parts.fail(Stopped())  # the parts still running stop at their next block
         raise
     finally:
         for thread in threads:  # nothing writes to ``fd`` once this returns
             thread.join()
-    return f"sha256:{sha.hexdigest()}"
+    return f"sha256:{parts.sha.hexdigest()}"
 
 
 class _Fetch:
@@ -156,7 +185,7 @@ class _Fetch:
     def __call__(self, offset: int, length: int, *, sha: Any = None,
                  parts: _Parts | None = None, index: int = 0) -> None:
         """Bytes ``[offset, offset + length)`` into the file at ``offset``; hashed into ``sha``
-        as read, or counted into ``parts`` as written."""
+        as read, or handed to ``parts`` as written (which hashes them when they are next)."""
         view = memoryview(bytearray(BLOCK))
         done = 0  # bytes of the range written
         for attempt in range(PART_ATTEMPTS):
@@ -178,7 +207,7 @@ class _Fetch:
                         written += os.pwrite(self.fd, view[written:filled], at + written)
                     done += filled
                     if parts is not None:
-                        parts.wrote(index, done)
+                        parts.wrote(index, at, view[:filled], done)
                     if self.progress is not None:
                         self.progress(filled)
                 if body.readinto(view[:1]):  # read to its end: the connection is kept
