@@ -32,10 +32,10 @@ from . import attachments
 from .errors import ArchitectureUnknownError
 from .files import VersionFile
 from .formats import table as formats
-from .formats.common import dtype_name
 from .io import safewrite
 from .io.weights import load_shard, write_safetensors
 from .model import devices as dev
+from .model.devices import dtype_name
 from .pretrained_files import listing, written_dtype
 
 # safetensors weights a previous write may have left: transformers loads a ``model.safetensors``

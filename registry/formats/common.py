@@ -1,10 +1,9 @@
-"""What several formats share: the checked record a rebuild builds on (:class:`Checked`), the
-fields every ``quantization`` record has, and dtype names. No format module is imported here;
-each builds on this one (and on ``base.py``)."""
+"""What several formats share: the checked record a rebuild builds on (:class:`Checked`) and
+the fields every ``quantization`` record has. No format module is imported here; each builds
+on this one (and on ``base.py``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +14,8 @@ from torch import nn
 from ..errors import QuantizationError, quoted
 from .base import Runs
 
-log = logging.getLogger(__name__)
-
 MAX_CONFIG_CHARS = 4096  # a recorded config's JSON, per tensor (x16 for a whole model's)
 MAX_NESTING = 8
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``"bfloat16"`` for ``torch.bfloat16``: how a manifest names a dtype."""
-    return str(dtype).removeprefix("torch.")
 
 
 # -- push: the fields every quantization record has ----------------------------------------------

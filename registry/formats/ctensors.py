@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
+from ..model.devices import dtype_name
 from .base import Flat, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     Checked,
-    dtype_name,
     keep_stored,
     quantization_record,
 )

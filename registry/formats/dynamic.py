@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
+from ..model.devices import dtype_name
 from .base import Flat, Runs, Shell, Steps
-from .common import Checked, dtype_name, param_count, quantization_record
+from .common import Checked, param_count, quantization_record
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> S
 class Linears(Checked):
     """A torch.ao version's checked record: each module's components make its packed weight,
     swapped into the model as a dynamic Linear (a ``model=`` holding them gets float shells
-    first, :class:`~registry.formats.common.Shell`)."""
+    first, :class:`~registry.formats.base.Shell`)."""
 
     def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
         """Packed params live only in their modules, so the stored components come back as

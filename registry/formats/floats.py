@@ -23,10 +23,9 @@ from torch import nn
 from ..errors import NormalizationError
 from ..io.checkpoints import read_checkpoint
 from ..model.architectures import capture
-from ..model.devices import device_sort_key
+from ..model.devices import device_sort_key, dtype_name
 from ..model.statedict import ModuleMetadata, module_metadata_of
 from .base import Flat, Format, NormalizedWeights
-from .common import dtype_name
 
 # Attributes through which wrappers hold the module they wrap, and how we name the wrapper.
 _WRAPPER_ATTRS = (

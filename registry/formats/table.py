@@ -5,7 +5,7 @@ Push hands a model to :func:`flatten` once: it is unwrapped and flattened by the
 is in (``floats.py`` for plain floating weights; a PEFT model's adapter by ``lora.py``, over its
 base version) into plain tensors plus the manifest's record. Pull asks :func:`lookup` once: the
 manifest's ``quantization`` record, checked, gives the version's
-:class:`~registry.formats.common.Steps`; an adapter version's record, :func:`adapter`. A new
+:class:`~registry.formats.base.Steps`; an adapter version's record, :func:`adapter`. A new
 quantization format is one module beside these (its ``LIBRARY``, ``METHODS``, ``flatten``,
 ``check``, ``steps``: :class:`~.base.Format`) and one line in :data:`FORMATS`.
 """

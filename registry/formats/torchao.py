@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from ..errors import QuantizationError, quoted
+from ..model.devices import dtype_name
 from .base import Flat, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     MAX_NESTING,
     Checked,
-    dtype_name,
     keep_stored,
     param_count,
     quantization_record,

@@ -172,6 +172,11 @@ _DTYPE_ALIASES = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"bfloat16"`` for ``torch.bfloat16``: how a manifest names a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
 def parse_dtype(request: DtypeRequest) -> torch.dtype | None:
     """``"auto"`` -> None; a name or torch.dtype -> that floating dtype."""
     if isinstance(request, torch.dtype):

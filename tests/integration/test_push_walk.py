@@ -8,14 +8,13 @@ Measured on the code before #47 (this tracer, 2026-11-28): a float push 25 rooms
 (``attachments``, ``normalize`` and the signing mixin entered 3 times each; torchao and dynamic
 the same), an adapter push 21 rooms and 10 climbs. With the push pipeline
 (registry/pipelines/push.py), the facade composed and the formats behind registry/formats/table.py:
-4 climbs for a float push, 3 for an adapter, 5 for torchao and dynamic, no room entered more than
-twice, each format module once. The climbs left: the lineage is begun before the shards and
+4 climbs for a float, torchao or dynamic push, 3 for an adapter, no room entered more than twice,
+each format module once. The climbs left: the lineage is begun before the shards and
 finished after them (``provenance.capture`` and ``provenance.lineage``, 2); a pushed folder's
 ``model.sig`` is checked between collecting and staging the attachments (``attachments``); the
-name is found after the flatten (``architectures``, also entered by the flatten); and a
-quantized push enters ``formats.common`` from two format modules. The bounds below are where the
-code stands; they only go down. :meth:`tests.walk.Walk.render` draws a walk (a failure shows
-it).
+name is found after the flatten (``architectures``, also entered by the flatten). The bounds
+below are where the code stands; they only go down. :meth:`tests.walk.Walk.render` draws a
+walk (a failure shows it).
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ def _adapter() -> nn.Module:
 # case -> (the model, push kwargs, most climbs back up, most entries of one room)
 CASES: dict[str, tuple[Callable[[], nn.Module], dict[str, str], int, int]] = {
     "float": (_float, {}, 4, 2),
-    "torchao-int8": (_torchao, {}, 5, 2),
-    "dynamic-qint8": (_dynamic, {}, 5, 2),
+    "torchao-int8": (_torchao, {}, 4, 2),
+    "dynamic-qint8": (_dynamic, {}, 4, 2),
     "adapter": (_adapter, {"base": "tiny-base"}, 3, 2),
 }
 
