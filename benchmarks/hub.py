@@ -17,9 +17,10 @@ the client's byte loop costs beside curl's (pure-Python HTTP through httpx and h
 reads re-assembled into 10 MiB chunks), which no server can change.
 
 The server and the client run with glibc's default (dynamic) mmap threshold, as a user's
-``registry serve`` and ``hf download`` do: the threshold the other rows pin at 128 KiB
-(helpers.pin_malloc_threshold, for in-process loads) would make every 10 MiB chunk of the
-client fresh pages, a cost the C curl does not have."""
+``registry serve`` and ``hf download`` do, not the 128 KiB the other rows pin for their
+in-process loads (helpers.pin_malloc_threshold). Measured both ways on 2026-11-28, the client's
+loop took the same time within the noise (medians 2.25 and 2.27 s pinned, 2.52 and 2.33 s
+dynamic, interleaved)."""
 
 from __future__ import annotations
 
