@@ -32,6 +32,7 @@ from ..errors import (
     quoted,
 )
 from ..io.digests import HashingWriter, check_digest
+from ..io.safewrite import open_emptied
 from ..trust import boundedjson
 from .headers import why_not_header_value
 from .wire import API, error_class
@@ -213,7 +214,7 @@ class Transport:
         link = self.call("GET", f"/blobs/{digest}/link")
         url, direct = target_url(self.url, link)
         with transfer(size, f"pull {digest[7:19]}") as progress, \
-                open(tmp, "wb", buffering=0) as fh:
+                open_emptied(tmp) as fh:
             out = HashingWriter(fh)
             for attempt in range(DOWNLOAD_ATTEMPTS):
                 headers = {"Range": f"bytes={out.written}-"} if out.written else {}

@@ -136,3 +136,21 @@ def copy_open(target: Path, src: BinaryIO) -> Path:
             _write_all(fh.fileno(), memoryview(chunk))
             done += len(chunk)
     return target
+
+
+def open_emptied(path: Path) -> BinaryIO:
+    """``path`` open for reading and writing (unbuffered) and empty, created if absent: a
+    download's temporary file, written from its start. It is not opened with ``O_TRUNC``: on
+    ext4 truncating a file, even the empty one ``mkstemp`` made, marks it to be flushed when it
+    is closed (``auto_da_alloc``), which started the writeback of every downloaded blob at once
+    on the cores the download needs. Only a file that holds bytes (a try started again) is cut,
+    with ``ftruncate``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        if os.fstat(fd).st_size:
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, "r+b", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 from .._progress import transfer
 from ..errors import NotFoundError, RefError, SettingsError, StoreUnavailableError
 from ..io.parallel import DOWNLOAD_CONCURRENCY, UPLOAD_CONCURRENCY
+from ..io.safewrite import open_emptied
 from ..settings import DEFAULT_S3_CONCURRENCY, DEFAULT_S3_PART_SIZE
 from . import ranged
 from .base import Progress
@@ -252,7 +253,7 @@ class S3Store:
             return int(answer["ContentLength"]), answer["Body"]
 
         def download() -> str:  # each try starts the file again
-            with open(path, "w+b", buffering=0) as fh, mapped_errors(self, key):
+            with open_emptied(path) as fh, mapped_errors(self, key):
                 if not known:
                     return EMPTY_DIGEST
                 return ranged.download(
