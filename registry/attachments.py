@@ -34,6 +34,9 @@ from .io.digests import HashingWriter
 from .trust import boundedjson
 
 _CHUNK = 1024 * 1024
+# A pushed directory's signature (``model_signing sign``), and the name it is attached under.
+SIGNATURE_NAME = "model.sig"
+PROVENANCE_NAME = "provenance/model.sig"
 # Files HF tooling leaves in a model directory that do not belong to the model.
 _SKIPPED_DIRS = {"__pycache__"}
 
@@ -61,6 +64,17 @@ def collect(model: object, files: Mapping[str, str | os.PathLike[str]] | None
                                      "not a file; pass the path of the file to attach")
         found[name] = Path(path)
     return dict(sorted(found.items()))
+
+
+def as_provenance(named: Mapping[str, Path]) -> dict[str, Path]:
+    """A pushed directory's files as they are attached: its ``model.sig`` (``model_signing
+    sign``'s signature of the files as they were; registry/signing/push.py checks it) under
+    :data:`PROVENANCE_NAME`, since the version's files are normalized, not the ones it signed."""
+    if SIGNATURE_NAME not in named:
+        return dict(named)
+    out = dict(named)
+    out[PROVENANCE_NAME] = out.pop(SIGNATURE_NAME)
+    return dict(sorted(out.items()))
 
 
 def directory_files(directory: Path) -> dict[str, Path]:

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import manifest as mf
-from ..attachments import collect, manifest_entries, stage, transformers_architecture
+from ..attachments import (
+    as_provenance,
+    collect,
+    manifest_entries,
+    stage,
+    transformers_architecture,
+)
 from ..caching.cache import BlobCache
 from ..catalog.records import VersionRecord
 from ..errors import OciArtifactError, RefError, RegistryError
@@ -94,9 +100,10 @@ def version(artifact: modelpack.Artifact, layers: LayerFetcher, settings: Settin
     try:
         weights = formats.flatten(directory)
         architecture = {**weights.architecture, **(transformers_architecture(directory) or {})}
-        named, signed_files = check_source(directory, collect(directory, None), settings)
+        named = collect(directory, None)
+        signed_files = check_source(directory, named, settings)
         staged = write_shards(weights.tensors, settings.shard_size, cache.tmp_dir())
-        staged += stage(named, cache.tmp_dir())
+        staged += stage(as_provenance(named), cache.tmp_dir())
     except BaseException:
         for s in staged:
             s.path.unlink(missing_ok=True)

@@ -11,8 +11,8 @@ facade (:meth:`registry.Registry.push`) checks the arguments into a :class:`Requ
    adapter over its base version, a quantized module, a checkpoint file or folder, a module or
    a state dict). Nothing after it reads the model, except the files of a pushed folder
    (step 3);
-3. :func:`attach`: the files that travel with the weights, a pushed folder's ``model.sig``
-   checked (:mod:`registry.signing.push`), each file staged and hashed;
+3. :func:`attach`: the files that travel with the weights, each staged and hashed, then a
+   pushed folder's ``model.sig`` checked (:mod:`registry.signing.push`);
 4. the name, when none was given (:mod:`registry.model.architectures`);
 5. the shards written into the backend's staging folder, hashed as they are written; those the
    latest version stores with the same bytes are not written again
@@ -124,8 +124,12 @@ def push(backend: Backend, settings: Settings, model: object, request: Request) 
     trail = capture.begin_push(settings, backend.resolve, request.parents, request.datasets,
                                request.run)
     flat = flatten(backend, model, request)
-    named, architecture, staged = attach(settings, model, request, flat, backend.staging_dir())
+    collected, named, architecture, staged = attach(model, request, flat,
+                                                    backend.staging_dir())
     try:
+        # A pushed folder's model.sig, checked before the shards are written.
+        if (fact := signed_source.check_source(model, collected, settings)) is not None:
+            flat.source["signed_files"] = fact
         name = request.name or (architectures.default_name(request.tags, architecture)
                                 if flat.name is None else request.tags.get("name") or flat.name)
         # The latest version's shards found on this machine are compared, not written again.
@@ -162,23 +166,23 @@ def flatten(backend: Backend, model: object, request: Request) -> NormalizedWeig
         bases=Bases(request.base, backend.resolve, functools.partial(newest_first, backend)))
 
 
-def attach(settings: Settings, model: object, request: Request, flat: NormalizedWeights,
-           staging: Path
-           ) -> tuple[list[dict[str, Any]], dict[str, Any], list[StagedFile]]:
-    """The files that travel with the weights, staged: (the manifest's ``attachments``, the
-    architecture to record, the staged files). A pushed folder's ``model.sig`` is checked and
-    kept as ``provenance/model.sig``, its signer recorded in the source facts; a
-    ``save_pretrained`` folder's ``config.json`` is the architecture unless a factory was given."""
+def attach(model: object, request: Request, flat: NormalizedWeights, staging: Path
+           ) -> tuple[dict[str, Path], list[dict[str, Any]], dict[str, Any], list[StagedFile]]:
+    """The files that travel with the weights, staged: (the files as collected, the manifest's
+    ``attachments``, the architecture to record, the staged files). A pushed folder's
+    ``model.sig`` is attached as ``provenance/model.sig``; a ``save_pretrained`` folder's
+    ``config.json`` is the architecture unless a factory was given."""
     architecture = request.architecture
     folder = Path(model) if isinstance(model, (str, os.PathLike)) else None
     collected = attachments.collect(model, request.files)
-    if not request.factory_given and folder is not None and folder.is_dir():
-        architecture = attachments.transformers_architecture(folder) or {}
-    named, fact = signed_source.check_source(model, collected, settings)
-    if fact is not None:
-        flat.source["signed_files"] = fact
-    staged = attachments.stage(named, staging)
-    return attachments.manifest_entries(staged), {**flat.architecture, **architecture}, staged
+    if folder is not None and folder.is_dir():
+        if not request.factory_given:
+            architecture = attachments.transformers_architecture(folder) or {}
+        staged = attachments.stage(attachments.as_provenance(collected), staging)
+    else:
+        staged = attachments.stage(collected, staging)
+    return (collected, attachments.manifest_entries(staged),
+            {**flat.architecture, **architecture}, staged)
 
 
 def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:

@@ -18,23 +18,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..attachments import PROVENANCE_NAME
 from ..errors import SignatureError
 from ..settings import Settings
 from . import oms
 
 log = logging.getLogger(__name__)
-PROVENANCE_NAME = "provenance/model.sig"
 
 
 def check_source(model: object, named: Mapping[str, Path], settings: Settings
-                 ) -> tuple[dict[str, Path], dict[str, Any] | None]:
-    """(the files to attach, with a directory's ``model.sig`` renamed to
-    :data:`PROVENANCE_NAME`; the ``signed_files`` fact to record, None without a signature)."""
-    out = dict(named)
-    signature = out.pop(oms.SIGNATURE_NAME, None)
+                 ) -> dict[str, Any] | None:
+    """The ``signed_files`` fact to record of a pushed directory ``model`` whose collected files
+    ``named`` hold a ``model.sig``, checked; None without one. The signature is attached as
+    :data:`PROVENANCE_NAME` (:func:`registry.attachments.as_provenance`)."""
+    signature = named.get(oms.SIGNATURE_NAME)
     if signature is None or not isinstance(model, (str, os.PathLike)) \
             or not Path(model).is_dir():
-        return dict(named), None
+        return None
     directory = Path(model)
     found = oms.facts(oms.read_bounded(signature), str(directory)[:200])
     fact: dict[str, Any] = {"method": found.method, "signer": found.signer, "verified": False,
@@ -62,5 +62,4 @@ def check_source(model: object, named: Mapping[str, Path], settings: Settings
             log.warning("%s in %s is signed by %s %s, which is not trusted: kept as %s and "
                         "listed as unverified", oms.SIGNATURE_NAME, str(directory)[:200],
                         found.method, found.signer, PROVENANCE_NAME)
-    out[PROVENANCE_NAME] = signature
-    return dict(sorted(out.items())), fact
+    return fact

@@ -8,13 +8,12 @@ Measured on the code before #47 (this tracer, 2026-11-28): a float push 25 rooms
 (``attachments``, ``normalize`` and the signing mixin entered 3 times each; torchao and dynamic
 the same), an adapter push 21 rooms and 10 climbs. With the push pipeline
 (registry/pipelines/push.py), the facade composed and the formats behind registry/formats/table.py:
-4 climbs for a float, torchao or dynamic push, 3 for an adapter, no room entered more than twice,
-each format module once. The climbs left: the lineage is begun before the shards and
-finished after them (``provenance.capture`` and ``provenance.lineage``, 2); a pushed folder's
-``model.sig`` is checked between collecting and staging the attachments (``attachments``); the
-name is found after the flatten (``architectures``, also entered by the flatten). The bounds
-below are where the code stands; they only go down. :meth:`tests.walk.Walk.render` draws a
-walk (a failure shows it).
+3 climbs for a float, torchao or dynamic push, 2 for an adapter, no room entered more than twice,
+each format module once. The climbs left: the lineage is begun before the shards and finished
+after them (``provenance.capture`` and ``provenance.lineage``), and the name is found after the
+flatten (``model.architectures``, which the flatten enters to record the architecture; an
+adapter's name is its format's). The bounds below are where the code stands; they only go down.
+:meth:`tests.walk.Walk.render` draws a walk (a failure shows it).
 """
 
 from __future__ import annotations
