@@ -36,11 +36,7 @@ class Signing:
 
     def sign(self, ref: str | Ref, *, key: PathLike, certificate: PathLike | None = None,
              chain: Sequence[PathLike] = ()) -> Signature:
-        """Sign version ``ref`` with an EC private key (PEM), or with the key and its
-        ``certificate`` plus the ``chain`` up to its CA: an OpenSSF Model Signing bundle over
-        every file of the version and its manifest, stored with it. A version may carry several
-        signatures (producer, reviewer). Keyless Sigstore signing needs the network to reach
-        Sigstore's CA and log, so it is not offered here."""
+        """:meth:`registry.Registry.sign`: one bundle over the version's files and manifest."""
         record = checked(self._backend.resolve(parse(ref)))
         return service.sign(
             self._backend.signatures, record.manifest, key=Path(key),
@@ -50,14 +46,8 @@ class Signing:
     def verify(self, ref: str | Ref, *, public_keys: Sequence[PathLike] | None = None,
                certificates: Sequence[PathLike] | None = None,
                fast: bool = False) -> list[Signature]:
-        """The signatures of ``ref`` that verify with ``public_keys`` (PEM) or through a chain
-        to ``certificates`` (CA PEM); by default REGISTRY_TRUSTED_KEYS / REGISTRY_TRUSTED_CERTS.
-        A signature whose key is trusted but which does not verify raises SignatureError.
-
-        Where one verifies, every file it covers is hashed again as stored (the weights read
-        once, through the verified cache over a server): a stored byte changed since the push
-        raises SignatureError naming the file. ``fast=True`` checks the signatures against the
-        manifest's digests only, reading no weight."""
+        """:meth:`registry.Registry.verify`: the trusted signatures that verify, and (unless
+        ``fast``) every covered file hashed again as stored."""
         record = checked(self._backend.resolve(parse(ref)))
         keys = self.settings.trusted_keys if public_keys is None else public_keys
         certs = self.settings.trusted_certs if certificates is None else certificates
