@@ -7,12 +7,12 @@ take the parts in order of their offsets and write each byte where it belongs (`
 Writes are whole :data:`BLOCK`-sized pieces at aligned offsets, so the page cache holds the
 file in 2 MiB folios, which a mapped pull maps with one fault each (digests.py says why).
 
-sha256 runs in order beside the download. The thread of the part the hashed prefix ends in
-hashes each block it writes, from its buffer (no copy, and sha256 releases the GIL); bytes that
-land beyond that prefix (later parts, done earlier) are read back from the page cache by the
-calling thread once every byte before them is written and hashed. So the hash trails the first
-unfinished part, and what is hashed is what was written. A single part is hashed as it is
-read. No byte outside ``[0, size)`` is asked for, and an answer longer or shorter than
+sha256 runs in order beside the download, on the calling thread, never on a socket's: the
+part the hashed prefix ends in lends each block it writes to it (no copy; the part reads on
+into a second buffer meanwhile), and bytes that land beyond that prefix (later parts, done
+earlier) are read back from the page cache once every byte before them is hashed. What is
+hashed is what was written. A single part is hashed on the calling thread as it is read.
+No byte outside ``[0, size)`` is asked for, and an answer longer or shorter than
 its range is refused. A part whose stream breaks is asked again from where it stopped, up to
 :data:`PART_ATTEMPTS` times; the first failure stops the other parts, and nothing returns while
 a part still writes the file.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +50,8 @@ class Stopped(Exception):
 
 class _Parts:
     """The parts of one object, handed out in order to the threads that fetch them; the bytes
-    each has written so far; and the hash of the object's bytes in order, which one thread at a
-    time extends (``hashing``)."""
+    each has written so far; and the blocks lent to the calling thread, which hashes the
+    object's bytes in order."""
 
     def __init__(self, size: int, part_size: int) -> None:
         self.size = size
@@ -62,7 +63,8 @@ class _Parts:
         self.cond = threading.Condition()
         self.sha = hashlib.sha256()
         self.hashed = 0  # bytes hashed, from the start
-        self.hashing = False
+        self.queued = 0  # the end of the bytes hashed or lent to be, from the start
+        self.lent: deque[memoryview] = deque()
 
     def take(self) -> int | None:
         with self.cond:
@@ -71,28 +73,31 @@ class _Parts:
             self.next += 1
             return self.next - 1
 
-    def wrote(self, index: int, at: int, block: memoryview, done: int) -> None:
-        """Part ``index`` wrote ``block`` at ``at`` (``done`` bytes of it written now): hashed
-        here when it is the next in order and no other thread hashes."""
+    def wrote(self, index: int, at: int, block: memoryview, done: int) -> bool:
+        """Part ``index`` wrote ``block`` at ``at`` (``done`` bytes of it written now). True
+        when the block was lent to the calling thread to hash, being next in order: its buffer
+        is not written again until :meth:`returned`."""
         with self.cond:
             self.written[index] = done
-            mine = not self.hashing and self.hashed == at
-            self.hashing |= mine
+            lent = at == self.queued
+            if lent:
+                self.lent.append(block)
+                self.queued += len(block)
             grew = index == self.first
             while self.first < len(self.parts) and \
                     self.written[self.first] == self.parts[self.first][1]:
                 self.first += 1
-            if not mine:
-                if grew:  # the calling thread may read back and hash what is written now
-                    self.cond.notify_all()
-                return
-        try:
-            self.sha.update(block)
-        finally:
-            with self.cond:
-                self.hashed += len(block)
-                self.hashing = False
+            if lent or grew:
                 self.cond.notify_all()
+            return lent
+
+    def returned(self, end: int) -> None:
+        """Wait until the bytes before ``end`` are hashed (a lent block is free again)."""
+        with self.cond:
+            while self.hashed < end:
+                if self.failed is not None:
+                    raise Stopped()
+                self.cond.wait()
 
     def fail(self, exc: BaseException) -> None:
         with self.cond:
@@ -100,11 +105,11 @@ class _Parts:
                 self.failed = exc
             self.cond.notify_all()
 
-    def catch_up(self, fd: int, what: str) -> None:
-        """On the calling thread, until every byte is hashed: read back and hash what was
-        written past the hashed prefix while no part's thread hashes. Raises the first failure
-        of a part."""
-        view = memoryview(bytearray(HASH_READ))
+    def hash_all(self, fd: int, what: str) -> None:
+        """On the calling thread, until every byte is hashed, in order: each lent block, and
+        each stretch written past those (later parts, done first) read back from the page
+        cache once every byte before it is written. Raises the first failure of a part."""
+        view: memoryview | None = None
         while True:
             with self.cond:
                 while True:
@@ -112,27 +117,34 @@ class _Parts:
                         raise self.failed
                     if self.hashed == self.size:
                         return
+                    block = self.lent.popleft() if self.lent else None
                     prefix = self.size if self.first == len(self.parts) else \
                         self.parts[self.first][0] + self.written[self.first]
-                    if not self.hashing and prefix > self.hashed:
+                    if block is not None or prefix > self.queued:
                         break
                     self.cond.wait()
-                self.hashing = True
-                hashed = self.hashed
-            try:
-                while hashed < prefix:
-                    n = os.preadv(fd, [view[:min(HASH_READ, prefix - hashed)]], hashed)
-                    if n <= 0:
-                        raise DigestMismatchError(f"{what}: a downloaded part vanished from "
-                                                  "its file before it was hashed; it was "
-                                                  "discarded")
-                    self.sha.update(view[:n])
-                    hashed += n
-            finally:
-                with self.cond:
-                    self.hashed = hashed
-                    self.hashing = False
-                    self.cond.notify_all()
+                start = self.queued
+                if block is None:  # nothing lent: read back what is written
+                    self.queued = prefix
+            if block is not None:
+                self.sha.update(block)
+                n = len(block)
+            else:
+                view = view or memoryview(bytearray(HASH_READ))
+                n = prefix - start
+                self._read_back(fd, view, start, prefix, what)
+            with self.cond:
+                self.hashed += n
+                self.cond.notify_all()
+
+    def _read_back(self, fd: int, view: memoryview, start: int, end: int, what: str) -> None:
+        while start < end:
+            n = os.preadv(fd, [view[:min(HASH_READ, end - start)]], start)
+            if n <= 0:
+                raise DigestMismatchError(f"{what}: a downloaded part vanished from its file "
+                                          "before it was hashed; it was discarded")
+            self.sha.update(view[:n])
+            start += n
 
 
 def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
@@ -164,7 +176,7 @@ def download(fd: int, size: int, get: Get, *, part_size: int, concurrency: int,
     for thread in threads:
         thread.start()
     try:
-        parts.catch_up(fd, what)
+        parts.hash_all(fd, what)
     except BaseException:
         parts.fail(Stopped())  # the parts still running stop at their next block
         raise
@@ -186,7 +198,12 @@ class _Fetch:
                  parts: _Parts | None = None, index: int = 0) -> None:
         """Bytes ``[offset, offset + length)`` into the file at ``offset``; hashed into ``sha``
         as read, or handed to ``parts`` as written (which hashes them when they are next)."""
-        view = memoryview(bytearray(BLOCK))
+        # A block lent to the calling thread to hash is not written again until it is hashed:
+        # the part goes on in a second buffer meanwhile (only the part the hashed prefix ends
+        # in lends its blocks, so only it has two).
+        buffers = [memoryview(bytearray(BLOCK))]
+        busy_until = [0]  # a lent buffer is free once every byte before this is hashed
+        k = 0
         done = 0  # bytes of the range written
         for attempt in range(PART_ATTEMPTS):
             start, last = offset + done, offset + length - 1
@@ -197,8 +214,11 @@ class _Fetch:
                         f"{self.what}: the store answered {announced} bytes for bytes "
                         f"{start}-{last}; it was discarded")
                 while done < length:
-                    if parts is not None and parts.failed is not None:
-                        raise Stopped()
+                    if parts is not None:
+                        if parts.failed is not None:
+                            raise Stopped()
+                        parts.returned(busy_until[k])
+                    view = buffers[k]
                     filled = self._block(body, view, offset + done, offset + length, start)
                     if sha is not None:
                         sha.update(view[:filled])
@@ -206,11 +226,15 @@ class _Fetch:
                     while written < filled:
                         written += os.pwrite(self.fd, view[written:filled], at + written)
                     done += filled
-                    if parts is not None:
-                        parts.wrote(index, at, view[:filled], done)
+                    if parts is not None and parts.wrote(index, at, view[:filled], done):
+                        busy_until[k] = at + filled
+                        if len(buffers) == 1:
+                            buffers.append(memoryview(bytearray(BLOCK)))
+                            busy_until.append(0)
+                        k = (k + 1) % len(buffers)
                     if self.progress is not None:
                         self.progress(filled)
-                if body.readinto(view[:1]):  # read to its end: the connection is kept
+                if body.readinto(bytearray(1)):  # read to its end: the connection is kept
                     raise DigestMismatchError(f"{self.what}: the store's answer for bytes "
                                               f"{start}-{last} is longer; it was discarded")
                 return

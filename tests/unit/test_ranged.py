@@ -184,3 +184,28 @@ def test_a_failed_part_stops_the_others_before_the_download_returns(tmp_path: Pa
     # every answer taken was closed.
     assert not [t for t in threading.enumerate() if t.name == "registry-s3-part"]
     assert all(b.closed_by_reader for b in store.bodies)
+
+
+def test_a_block_lent_to_be_hashed_is_not_overwritten_before_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = hashlib.sha256
+    data = os.urandom(8 * MiB + 3)
+    expected = "sha256:" + real(data).hexdigest()
+
+    class SlowSha:
+        """sha256 that takes its time, so the parts' threads outrun the hashing."""
+
+        def __init__(self) -> None:
+            self.sha = real()
+
+        def update(self, data: Any) -> None:
+            threading.Event().wait(0.005)
+            self.sha.update(data)
+
+        def hexdigest(self) -> str:
+            return self.sha.hexdigest()
+
+    monkeypatch.setattr(ranged.hashlib, "sha256", SlowSha)
+    store = Store(data)
+    assert _download(store, tmp_path / "f", len(data), part=4 * MiB, concurrency=2) == expected
+    assert (tmp_path / "f").read_bytes() == data
