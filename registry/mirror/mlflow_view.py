@@ -131,7 +131,7 @@ def version_tags(record: VersionRecord, source: str,
     tags.update({
         "registry.ref": f"{record.name}:v{record.version}",
         "registry.digest": record.digest,
-        "registry.model.devices": ",".join(meta.get("devices", [])) or "unknown",
+        "registry.devices": ",".join(meta.get("devices", [])) or "unknown",
         "registry.dtypes": ",".join(dtypes) if isinstance(dtypes, dict) else str(dtypes),
         "registry.wrapping": ",".join(meta.get("wrapping", [])) or "none",
         "registry.precision": str(meta.get("precision") or "-"),

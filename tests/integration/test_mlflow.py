@@ -83,7 +83,7 @@ def test_server_mirrors_versions_tags_and_aliases(mlflow_server: Service, tmp_pa
             tags = mv["tag_map"]
             assert tags["registry.ref"] == "mirrored:v2"
             assert tags["registry.digest"] == second.digest
-            assert tags["registry.model.devices"] == "cpu"
+            assert tags["registry.devices"] == "cpu"
             assert tags["registry.dtypes"] == "float32,int64"
             assert tags["registry.wrapping"] == "none"
             assert tags["registry.params"] == str(second.metadata["source"]["params"])
@@ -275,7 +275,7 @@ def test_embedded_sync_goes_to_registry_home(tmp_path: Path) -> None:
     uri = f"sqlite:///{home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     mv = client.get_model_version("local-model", "1")
-    assert mv.source.startswith("file://") and mv.tags["registry.model.devices"] == "cpu"
+    assert mv.source.startswith("file://") and mv.tags["registry.devices"] == "cpu"
     assert mv.aliases == ["production"]
 
 
