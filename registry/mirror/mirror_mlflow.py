@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..catalog.mirror import claim_token, live_claim
 from ..catalog.records import VersionRecord
 from ..errors import NotFoundError
+from ..io.background import Background
 from .mlflow_client import (
     mapped_errors,
     mirror_version,
@@ -186,34 +186,27 @@ class MirrorWorker:
         self.backend = backend
         self.tracking_uri = tracking_uri
         self.retry_seconds = retry_seconds
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Background("mlflow-mirror", self._run, join_s=10)
         self.last_error: str | None = None
         self.syncs = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mlflow-mirror", daemon=True)
-        self._thread.start()
+        self._loop.start()
         self.poke()  # catch up on whatever changed while no server ran
 
     def poke(self) -> None:
-        self._wake.set()
+        self._loop.poke()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._loop.stop()
 
     def _run(self) -> None:
         busy = False
-        while not self._stop.is_set():
-            self._wake.wait(timeout=self.retry_seconds if self.last_error
-                            else BUSY_RETRY_S if busy else None)
-            if self._stop.is_set():
+        while not self._loop.stopped:
+            self._loop.sleep(self.retry_seconds if self.last_error
+                             else BUSY_RETRY_S if busy else None)
+            if self._loop.stopped:
                 return
-            self._wake.clear()
             try:
                 busy = sync(self.backend, self.tracking_uri).busy > 0
                 self.last_error = None

@@ -9,11 +9,11 @@ polling, every :data:`POLL_S` seconds while the outbox is idle.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from ..io.background import Background
 from .local import SEND_CONCURRENCY, DeliverReport, LocalWebhooks
 
 log = logging.getLogger(__name__)
@@ -53,24 +53,18 @@ class DeliveryWorker:
         self.webhooks = webhooks
         self.poll_s = poll_s
         self.worker = f"w-{uuid.uuid4().hex[:12]}"
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._background = Background("webhook-delivery", self.run, join_s=15)
         self.last_error: str | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="webhook-delivery", daemon=True)
-        self._thread.start()
+        self._background.start()
 
     def poke(self) -> None:
         """Look at the outbox now (a change was just committed)."""
-        self._wake.set()
+        self._background.poke()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=15)
+        self._background.stop()
 
     def run(self) -> None:
         with _senders() as pool:
@@ -78,7 +72,7 @@ class DeliveryWorker:
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
         pruned_at = 0.0
-        while not self._stop.is_set():
+        while not self._background.stopped:
             pause = self.poll_s
             try:
                 if time.monotonic() - pruned_at > PRUNE_EVERY_S:
@@ -93,5 +87,4 @@ class DeliveryWorker:
                 self.last_error = str(exc)
                 pause = ERROR_PAUSE_S
             if pause:
-                self._wake.wait(timeout=pause)
-                self._wake.clear()
+                self._background.sleep(pause)
