@@ -5,8 +5,9 @@ A format is one module of this package (``torchao.py``, ``dynamic.py``, ``ctenso
 satisfies :class:`Format` by its module-level names, as ``transformers/quantizers/`` has one
 file per method behind ``base.py``'s interface. ``table.py`` maps a recorded library to its
 module and is the only module that imports one: push asks the table once to detect and flatten
-a model, pull asks it once for a version's :class:`Steps` (facts decided then) and
-its :class:`Rebuild` runs once the tensors are read.
+a model, and pull hands it the version once (:meth:`Format.pull`): the format decides its
+:class:`Steps`, the pipeline reads the tensors by them (a callback, :data:`ReadBy`), and the
+format's :class:`Rebuild` makes the module's state of what was read, all in one visit.
 """
 
 from __future__ import annotations
@@ -132,10 +133,10 @@ class Shell:
 
 @dataclass(frozen=True)
 class Steps:
-    """What a pull does for a version's format, decided once when its record is looked up
-    (``table.lookup``): each step applies these facts (a float version's, all left empty,
-    leave what they are given as it is), and ``rebuild`` hands the read tensors to the format's
-    own :class:`~registry.formats.base.Rebuild` once."""
+    """What a pull does for a version's format, decided once by the format's ``pull`` (or
+    ``table.lookup``): each step applies these facts (a float version's, all left empty,
+    leave what they are given as it is); the format's :class:`Rebuild` (``format``) is run by
+    the format's ``pull`` on what the pipeline read by them."""
 
     origin: str = ""
     runs: Runs | None = None  # where its kernels run; None: wherever torch runs (floats)
@@ -222,20 +223,29 @@ class Steps:
         """A quantized version's components are read byte for byte; rebuild casts when asked."""
         return policy if self.format is None else stored_dtype
 
-    def rebuild(self, module: Any, state: dict[str, Any],
-                dequantize: torch.dtype | None) -> dict[str, Any]:
-        """The module-keyed state from the stored tensors (the format's rebuild)."""
-        return state if self.format is None else self.format.rebuild(module, state, dequantize)
-
-    def state_dict(self, state: dict[str, Any], dequantize: torch.dtype | None) -> dict[str, Any]:
-        """What ``pull_state_dict`` returns from the stored tensors."""
-        return state if self.format is None else self.format.state_dict(state, dequantize)
-
     def pretrained(self, requested: torch.dtype | None
                    ) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
         """The ``quantization_config`` and safetensors metadata a ``from_pretrained`` directory
         of the version needs: none for a float version."""
         return (None, None) if self.format is None else self.format.pretrained(requested)
+
+
+@dataclass(frozen=True)
+class Read:
+    """What the pull pipeline read for a version by its format's :class:`Steps` (the callback
+    :data:`ReadBy` a format's ``pull`` calls once): the module built for the tensors (None where
+    a state dict is pulled), the stored tensors on their devices, and what the pipeline keeps
+    for after the rebuild (``placed``: the module's placement). A format's ``pull`` hands it back
+    with ``state`` rebuilt."""
+
+    steps: Steps
+    module: nn.Module | None
+    state: dict[str, Any]
+    placed: Any = None
+
+
+# The pipeline's part of a pull, given the steps of the version's format: build, place, read.
+ReadBy = Callable[[Steps], Read]
 
 
 def stored_dtype(key: str, stored: torch.dtype, device: torch.device) -> torch.dtype:
@@ -268,3 +278,9 @@ class Format(Protocol):
         """Pull: the checked record against the version's stored tensors (their manifest
         specs), and the pull's :class:`Steps`: where it runs, which stored keys make
         which module key and its logical shape, and its :class:`Rebuild` (dequantize too)."""
+
+    def pull(self, record: dict[str, Any], manifest: Mapping[str, Any], origin: str,
+             dequantize: torch.dtype | None, read: ReadBy) -> Read:
+        """Pull, the format's one visit: its :func:`steps`, the pipeline's ``read`` by them,
+        and what was read rebuilt (the module's state, or ``pull_state_dict``'s where no module
+        was built; floats when ``dequantize`` names a dtype)."""

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 
 from ..errors import QuantizationError, quoted
 from ..model.devices import dtype_name
-from .base import Flat, Runs, Steps
+from .base import Flat, Read, ReadBy, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     Checked,
@@ -201,6 +202,17 @@ def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> S
     return Steps(origin, METHODS[record["method"]], drop=frozenset(components),
                  logical={f"{p}.weight": m["shape"] for p, m in record["modules"].items()},
                  components=components, format=Packed(record, origin))
+
+
+def pull(record: dict[str, Any], manifest: Mapping[str, Any], origin: str,
+         dequantize: torch.dtype | None, read: ReadBy) -> Read:
+    """Pull, this format's one visit (:meth:`~.base.Format.pull`): its :func:`steps`, the
+    pipeline's read by them, and what was read rebuilt: the module given compressed-tensors'
+    packed layout (or ``pull_state_dict``'s tensors where no module was built)."""
+    got = read(steps(record, manifest, origin))
+    rebuild = Packed(record, origin)
+    return replace(got, state=rebuild.state_dict(got.state, dequantize) if got.module is None
+                   else rebuild.rebuild(got.module, got.state, dequantize))
 
 
 class Packed(Checked):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..errors import QuantizationError, quoted
 from ..model.devices import dtype_name
-from .base import Flat, Runs, Shell, Steps
+from .base import Flat, Read, ReadBy, Runs, Shell, Steps
 from .common import Checked, param_count, quantization_record
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,17 @@ def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> S
                  components={f"{m['path']}.{c}": f"{m['path']}.weight" for m in modules
                              for c in _PARTS},
                  shells=shells, format=Linears(record, origin))
+
+
+def pull(record: dict[str, Any], manifest: Mapping[str, Any], origin: str,
+         dequantize: torch.dtype | None, read: ReadBy) -> Read:
+    """Pull, this format's one visit (:meth:`~.base.Format.pull`): its :func:`steps`, the
+    pipeline's read by them, and what was read rebuilt: the dynamic Linears swapped into the
+    module (or ``pull_state_dict``'s tensors where no module was built)."""
+    got = read(steps(record, manifest, origin))
+    rebuild = Linears(record, origin)
+    return replace(got, state=rebuild.state_dict(got.state, dequantize) if got.module is None
+                   else rebuild.rebuild(got.module, got.state, dequantize))
 
 
 # -- pull: the dynamic Linears swapped in --------------------------------------------------------

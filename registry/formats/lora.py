@@ -47,7 +47,7 @@ from .peft.config import (
     plain,
 )
 from .peft.copies import copying
-from .peft.replay import attached
+from .peft.replay import begin
 
 LIBRARY = PEFT
 ADAPTER_CONFIG = "adapter_config.json"
@@ -274,14 +274,14 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
     # so PEFT's upcast of the new meta parameters to float32 would be undone: it is skipped
     # (autocast_adapter_dtype=False; ~0.4 ms of a 12-layer adapter's pull). PEFT builds one
     # LoRA layer of each kind and the others are copies of it (copies.py).
-    def inject(module: nn.Module) -> nn.Module:  # PEFT's attach, where it is not replayed
+    step = begin(base, replay)
+    model: Any = step.model
+    if model is None:  # PEFT's attach, where it is not replayed
         config = lora_config(record, origin, modules=paths)  # no record pattern reaches PEFT
         with empty_parameters(), copying():
-            injected: nn.Module = peft.get_peft_model(module, config, low_cpu_mem_usage=True,
-                                                      autocast_adapter_dtype=False)
-        return injected
-
-    model: Any = attached(base, replay, inject)
+            model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
+                                        autocast_adapter_dtype=False)
+        step.done(model)  # remembered, or recorded for the next pull under the same key
     if not _assign_plain_lora(dict(model.named_modules()), tensors):
         result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
                                                      low_cpu_mem_usage=True)

@@ -3,11 +3,12 @@ that imports a format module (``tests/unit/test_structure.py`` holds it to that)
 
 Push hands a model to :func:`flatten` once: it is unwrapped and flattened by the one format it
 is in (``floats.py`` for plain floating weights; a PEFT model's adapter by ``lora.py``, over its
-base version) into plain tensors plus the manifest's record. Pull asks :func:`lookup` once: the
-manifest's ``quantization`` record, checked, gives the version's
-:class:`~registry.formats.base.Steps`; an adapter version's record, :func:`adapter`. A new
+base version) into plain tensors plus the manifest's record. Pull hands a version to
+:func:`pull` once: the manifest's ``quantization`` record, checked, goes to its format, which
+decides the version's :class:`~registry.formats.base.Steps`, has the pipeline read by them and
+rebuilds what was read, in one visit; an adapter version goes to :func:`pull_adapter`. A new
 quantization format is one module beside these (its ``LIBRARY``, ``METHODS``, ``flatten``,
-``check``, ``steps``: :class:`~.base.Format`) and one line in :data:`FORMATS`.
+``check``, ``steps``, ``pull``: :class:`~.base.Format`) and one line in :data:`FORMATS`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 from ..errors import QuantizationError, quoted
 from ..refs import Ref
 from . import ctensors, dynamic, floats, lora, torchao
-from .base import Bases, Format, NormalizedWeights, Runs, Steps
+from .base import Bases, Format, NormalizedWeights, Read, ReadBy, Runs, Steps
 from .common import check_counts
 
 # A recorded ``quantization["library"]`` -> the module that stores and rebuilds it.
@@ -69,17 +70,35 @@ def check(record: object) -> str | None:
     return check_counts(record) or FORMATS[record["library"]].check(record)
 
 
+def pull(manifest: Mapping[str, Any], origin: str, dequantize: torch.dtype | None,
+         read: ReadBy) -> Read:
+    """Pull's one call into the formats: the version's format decides its steps, ``read`` (the
+    pipeline's build, placement and read) runs by them, and the format rebuilds what was read
+    (dequantized to ``dequantize`` where it names a dtype). A float version's steps are the
+    empty ones and what was read is its state. Raises as :func:`lookup` does, before ``read``."""
+    record = manifest.get("quantization")
+    if record is None:
+        return read(Steps(origin))
+    return _checked(record, origin).pull(record, manifest, origin, dequantize, read)
+
+
 def lookup(manifest: Mapping[str, Any], origin: str) -> Steps:
-    """Pull's one look-up: the steps of the version's format (a float version's are empty).
-    QuantizationError for a library or method this registry does not know, and for a record
-    that disagrees with its stored tensors or names anything outside its library's allow list
-    (nothing is imported for it)."""
+    """The steps of the version's format (a float version's are empty), where nothing is read
+    through them (``save_pretrained``'s ``quantization_config``). QuantizationError for a
+    library or method this registry does not know, and for a record that disagrees with its
+    stored tensors or names anything outside its library's allow list (nothing is imported for
+    it)."""
     record = manifest.get("quantization")
     if record is None:
         return Steps(origin)
+    return _checked(record, origin).steps(record, manifest, origin)
+
+
+def _checked(record: Any, origin: str) -> Format:
+    """The format of a ``quantization`` record, once :func:`check` passed it."""
     if problem := check(record):
         raise QuantizationError(f"{origin}: its quantization record {problem}; it was not used")
-    return FORMATS[record["library"]].steps(record, manifest, origin)
+    return FORMATS[record["library"]]
 
 
 def pull_adapter(manifest: Mapping[str, Any], origin: str, resolve: Callable[[Ref], Any],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch import nn
 
 from ..errors import QuantizationError, quoted
 from ..model.devices import dtype_name
-from .base import Flat, Runs, Steps
+from .base import Flat, Read, ReadBy, Runs, Steps
 from .common import (
     MAX_CONFIG_CHARS,
     MAX_NESTING,
@@ -219,6 +220,17 @@ def steps(record: dict[str, Any], manifest: Mapping[str, Any], origin: str) -> S
     return Steps(origin, METHODS[record["method"]], names=frozenset(record["tensor_names"]),
                  logical=record["shapes"], components=components,
                  format=Subclasses(record, origin))
+
+
+def pull(record: dict[str, Any], manifest: Mapping[str, Any], origin: str,
+         dequantize: torch.dtype | None, read: ReadBy) -> Read:
+    """Pull, this format's one visit (:meth:`~.base.Format.pull`): its :func:`steps`, the
+    pipeline's read by them, and what was read rebuilt: the components rebuilt as torchao's
+    tensor subclasses (or ``pull_state_dict``'s tensors where no module was built)."""
+    got = read(steps(record, manifest, origin))
+    rebuild = Subclasses(record, origin)
+    return replace(got, state=rebuild.state_dict(got.state, dequantize) if got.module is None
+                   else rebuild.rebuild(got.module, got.state, dequantize))
 
 
 class Subclasses(Checked):

@@ -19,6 +19,7 @@ other. The stages, in order:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from ..catalog.records import VersionRecord
 from ..errors import AdapterError
 from ..files import weight_files
 from ..formats import table as formats
+from ..formats.base import Read, Steps
 from ..io import prefault
 from ..io.parallel import as_ready
 from ..io.staging import Stagings
@@ -123,34 +125,48 @@ def pull(backend: Backend, settings: Settings, ref: str | Ref, target: Target, *
 def module(backend: Backend, settings: Settings, record: VersionRecord, target: Target,
            fetch: Fetch | None = None) -> nn.Module:
     """The module of a resolved ``record``: built on ``meta``, checked against the stored
-    shapes, planned onto its devices, filled with the tensors :func:`read` gives."""
+    shapes, planned onto its devices, filled with the tensors :func:`read` gives, as rebuilt by
+    the version's format (:func:`registry.formats.table.pull`, which calls :func:`_built_read`
+    back with its steps)."""
     manifest = record.manifest
     requested = dev.parse_dtype(target.dtype)
+    ref_text = f"{record.name}:v{record.version}"
+    tied = dict(manifest["source"].get("tied", {}))
+    got = formats.pull(manifest, ref_text, requested, functools.partial(
+        _built_read, backend, settings, record, target, requested, tied, fetch))
+    built = got.module
+    assert built is not None  # _built_read builds one
+    mat.fill_module(built, ordered_state(got.state, manifest), tied, got.placed.device_of)
+    architectures.retie(built, stored=got.state.keys() - tied.keys())
+    placement.install_hooks(built, got.placed, align_inputs=target.align_inputs)
+    built.registry_ref = ref_text  # type: ignore[assignment]
+    return built
+
+
+def _built_read(backend: Backend, settings: Settings, record: VersionRecord, target: Target,
+                requested: torch.dtype | None, tied: dict[str, str], fetch: Fetch | None,
+                steps: Steps) -> Read:
+    """:func:`module`'s part by the steps of the version's format: the module built on
+    ``meta`` (in the format's skeleton), its tied keys found (added to ``tied``), checked against
+    the stored shapes, planned onto devices that run the format, and the tensors read."""
+    manifest = record.manifest
     facts = dev.TorchFacts.probe()
     ref_text = f"{record.name}:v{record.version}"
-    scheme = formats.lookup(manifest, ref_text)  # its steps, empty for a float version
-    device = scheme.auto_device(target.device, facts)
-    tied = dict(manifest["source"].get("tied", {}))
-    stored = scheme.module_keys({*manifest["tensors"], *tied})
-    built = scheme.skeleton(mat.build_module(target.model, manifest.get("architecture", {}),
-                                             settings.trusted_factories, ref_text, stored=stored))
+    device = steps.auto_device(target.device, facts)
+    stored = steps.module_keys({*manifest["tensors"], *tied})
+    built = steps.skeleton(mat.build_module(target.model, manifest.get("architecture", {}),
+                                            settings.trusted_factories, ref_text, stored=stored))
     tied.update(mat.implied_ties(built, stored))
     stored_shapes = {**manifest["tensors"],
                      **{a: manifest["tensors"][k] for a, k in tied.items()}}
-    mat.check_fits(built, scheme.shapes(stored_shapes), ref_text)
+    mat.check_fits(built, steps.shapes(stored_shapes), ref_text)
     policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
     placed = placement.plan(built, manifest, device=device, device_map=target.device_map,
                             max_memory=target.max_memory, no_split=target.no_split,
-                            dtype=requested, facts=facts, sizes=scheme.sizes(manifest))
-    scheme.check_devices(placed.devices, facts, requested)
-    state = read(backend, settings, record, placed.device_of, scheme.policy(policy), tied,
-                 fetch)
-    state = scheme.rebuild(built, state, requested)
-    mat.fill_module(built, ordered_state(state, manifest), tied, placed.device_of)
-    architectures.retie(built, stored=state.keys() - tied.keys())
-    placement.install_hooks(built, placed, align_inputs=target.align_inputs)
-    built.registry_ref = ref_text  # type: ignore[assignment]
-    return built
+                            dtype=requested, facts=facts, sizes=steps.sizes(manifest))
+    steps.check_devices(placed.devices, facts, requested)
+    return Read(steps, built, read(backend, settings, record, placed.device_of,
+                                   steps.policy(policy), tied, fetch), placed)
 
 
 def pulled_state(backend: Backend, settings: Settings, ref: str | Ref,
@@ -166,7 +182,9 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
                device: dev.DeviceRequest, dtype: dev.DtypeRequest,
                fetch: Fetch | None = None) -> dict[str, Any]:
     """The weights of a resolved ``record`` (plus stored non-tensor entries) on one device,
-    ordered like ``state_dict()`` with its ``_metadata``; ``fetch`` as :func:`read` takes it."""
+    ordered like ``state_dict()`` with its ``_metadata``; ``fetch`` as :func:`read` takes it.
+    A quantized version's are its library's tensors, or floats when ``dtype`` asks (its
+    format's rebuild, :func:`registry.formats.table.pull`)."""
     manifest = record.manifest
     requested = dev.parse_dtype(dtype)
     facts = dev.TorchFacts.probe()
@@ -175,14 +193,15 @@ def state_dict(backend: Backend, settings: Settings, record: VersionRecord,
         dev.check_dtype_runs(requested, target)
     policy = mat.DtypePolicy(requested, manifest["source"].get("keep_in_fp32", []), facts)
     tied = dict(manifest["source"].get("tied", {}))
-    # A quantized version: its library's tensors, or floats when dtype asks (its format).
-    scheme = formats.lookup(manifest, f"{record.name}:v{record.version}")
-    scheme.check_devices([target], facts, requested)
-    state: dict[str, Any] = read(backend, settings, record, lambda _k: target,
-                                 scheme.policy(policy), tied, fetch)
-    state = scheme.state_dict(state, requested)
-    state.update(manifest.get("extras", {}))
-    return ordered_state(state, manifest, scheme.owners())  # the quantized model's own order
+
+    def read_by(steps: Steps) -> Read:
+        steps.check_devices([target], facts, requested)
+        return Read(steps, None, read(backend, settings, record, lambda _k: target,
+                                      steps.policy(policy), tied, fetch))
+
+    got = formats.pull(manifest, f"{record.name}:v{record.version}", requested, read_by)
+    state = {**got.state, **manifest.get("extras", {})}
+    return ordered_state(state, manifest, got.steps.owners())  # the quantized model's own order
 
 
 def read(backend: Backend, settings: Settings, record: VersionRecord,

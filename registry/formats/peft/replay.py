@@ -8,7 +8,7 @@ same every time: new objects (the ``PeftModel``, its ``LoraModel``, the LoRA lay
 they hold, the config), a few changes to the base (a LoRA layer in place of each target, a
 ``peft_config`` attribute on its root, its parameters frozen), and nothing else.
 
-:func:`attached` lets PEFT attach the adapter the first two times under a key, and records what
+:func:`begin` lets PEFT attach the adapter the first two times under a key, and records what
 it did the second time as a recipe (a process that pulls an adapter once pays nothing for it):
 the new objects, as a graph of plain values, containers, ``meta`` parameters and references (to
 base modules by path, to each other), and the changes to the base, found by comparing every base
@@ -59,17 +59,49 @@ UNPLAYABLE = "unplayable"
 _lock = threading.Lock()
 
 
-def attached(base: nn.Module, key: Hashable | None,
-             attach: Callable[[nn.Module], nn.Module]) -> nn.Module:
-    """``attach(base)`` (PEFT's ``get_peft_model``), or its replay where the same attach was
-    recorded under ``key`` on a base like this one. ``key`` names everything the outcome
-    depends on besides the base's structure (the base version, how it was pulled, the adapter
-    config); None: PEFT attaches.
+@dataclasses.dataclass
+class Attach:
+    """One attach under a key (:func:`begin`): ``model``, the recipe's replay; or None, and the
+    caller attaches (PEFT's ``get_peft_model``) and hands its outcome to :meth:`done`, which
+    remembers the key's first attach and records its second as the key's recipe."""
+
+    key: Hashable | None
+    model: nn.Module | None = None
+    first: bool = False  # the key's first attach: remembered as seen once done
+    record: bool = False  # its second: recorded once done, from ``before``
+    before: _Before | None = None  # the base before PEFT (None: one that cannot be recorded)
+    base: nn.Module | None = None
+
+    def done(self, model: nn.Module) -> nn.Module:
+        """The caller's attach is done: ``model`` (returned as it is) remembered or recorded
+        under the key."""
+        if self.key is None:
+            return model
+        if self.first:
+            _remember(self.key, SEEN)
+        elif self.record:
+            try:
+                if self.before is None or self.base is None:
+                    raise _Unplayable("the base")
+                _remember(self.key, _record(self.before, self.base, model))
+            except _Unplayable:
+                _remember(self.key, UNPLAYABLE)
+        return model
+
+
+def begin(base: nn.Module, key: Hashable | None) -> Attach:
+    """An attach of an adapter to ``base`` under ``key``: replayed where the same attach was
+    recorded under ``key`` on a base like this one (``Attach.model``), else left to the caller,
+    which then calls :meth:`Attach.done`. ``key`` names everything the outcome depends on
+    besides the base's structure (the base version, how it was pulled, the adapter config);
+    None: PEFT attaches.
 
     The first attach under a key is PEFT's alone (a process that pulls an adapter once pays
-    nothing for a recipe); the second is recorded (~5 ms for 12 layers); the later ones replay."""
+    nothing for a recipe); the second is recorded (~5 ms for 12 layers); the later ones replay.
+    The caller attaches itself, rather than passing PEFT's attach in to be called back, so an
+    adapter's pull enters its format once (issue #47)."""
     if key is None or registration_hooks():
-        return attach(base)
+        return Attach(None)
     with _lock:
         recipe = _recipes.get(key)
         if recipe is not None:
@@ -77,24 +109,22 @@ def attached(base: nn.Module, key: Hashable | None,
     if isinstance(recipe, _Recipe):
         model = recipe.replay(base)
         if model is not None:
-            return model  # else a base unlike the recorded one: recorded again below
+            return Attach(key, model)  # else a base unlike the recorded one: recorded again
     elif recipe is None or recipe == UNPLAYABLE:
-        model = attach(base)
-        if recipe is None:
-            _remember(key, SEEN)
-        return model
+        return Attach(key, first=recipe is None)
     try:
         before: _Before | None = _Before(base)
     except _Unplayable:
         before = None
-    model = attach(base)
-    try:
-        if before is None:
-            raise _Unplayable("the base")
-        _remember(key, _record(before, base, model))
-    except _Unplayable:
-        _remember(key, UNPLAYABLE)
-    return model
+    return Attach(key, record=True, before=before, base=base)
+
+
+def attached(base: nn.Module, key: Hashable | None,
+             attach: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """``attach(base)`` (PEFT's ``get_peft_model``), or its replay where the same attach was
+    recorded under ``key`` on a base like this one (:func:`begin`, in one call)."""
+    step = begin(base, key)
+    return step.model if step.model is not None else step.done(attach(base))
 
 
 def _remember(key: Hashable, value: Any) -> None:
