@@ -281,6 +281,10 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
         with empty_parameters(), copying():
             model = peft.get_peft_model(base, config, low_cpu_mem_usage=True,
                                         autocast_adapter_dtype=False)
+        # In eval mode before it is recorded, so a replay gives it in eval mode (a base pulled
+        # for a replay key is in eval mode already: nothing of it changes) and the walk over
+        # every module that eval() is, ~0.3 ms of a 12-layer adapter's pull, is not repeated.
+        model.eval()
         step.done(model)  # remembered, or recorded for the next pull under the same key
     if not _assign_plain_lora(dict(model.named_modules()), tensors):
         result: Any = peft.set_peft_model_state_dict(model, dict(tensors),
@@ -291,7 +295,6 @@ def attach(base: nn.Module, tensors: Mapping[str, torch.Tensor], record: Mapping
                 f"{origin}: the stored adapter tensors do not fit its config on the base "
                 f"(unexpected {sorted(result.unexpected_keys)[:3]}, missing {lost[:3]}); push "
                 "the adapter again")
-    model.eval()
     if merge:
         return model.merge_and_unload().eval()
     return model
