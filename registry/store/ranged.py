@@ -5,7 +5,9 @@ An object of ``size`` bytes is asked for in parts of ``part_size``: one GET on t
 when it fits in one part, else ranged GETs on up to ``concurrency`` threads of its own, which
 take the parts in order of their offsets and write each byte where it belongs (``os.pwrite``).
 Writes are whole :data:`BLOCK`-sized pieces at aligned offsets, so the page cache holds the
-file in 2 MiB folios, which a mapped pull maps with one fault each (digests.py says why).
+file in 2 MiB folios, which a mapped pull maps with one fault each (digests.py says why). The
+blocks come from a free list the downloads of a process share (:data:`KEPT_BLOCKS` of them
+kept), so their pages are not faulted in again for every part.
 
 sha256 runs in order beside the download, on the calling thread, never on a socket's: the
 part the hashed prefix ends in lends each block it writes to it (no copy; the part reads on
@@ -34,14 +36,41 @@ from .retry import Unreachable
 # Writes are whole blocks at aligned offsets (but a part's ends): 2 MiB is the smallest piece
 # that still leaves a file in 2 MiB folios (8 MiB writes leave the same, and cost 4x the buffer).
 BLOCK = 2 * 2**20
-# What the calling thread reads back at once to hash it.
-HASH_READ = 8 * 2**20
+# Blocks kept between downloads (32 MiB), so a download's buffers are ones whose pages are
+# already there: a new 2 MiB buffer is a fresh mapping whose 512 pages fault in as it is
+# zeroed, which cost a 101 MB pull of six shards ~21,000 page faults (boto3's own download of
+# the same objects makes ~25,000 in all).
+KEPT_BLOCKS = 16
 # Tries of one part when its stream breaks (s3transfer's num_download_attempts is 5).
 PART_ATTEMPTS = 5
 
 # ``get(start, end)`` asks for ``Range: bytes=start-end`` (inclusive) and answers (the length
 # the answer announces, its body: a stream with ``readinto`` and ``close``).
 Get = Callable[[int, int], tuple[int, Any]]
+
+
+class _Blocks:
+    """A free list of :data:`BLOCK`-sized buffers shared by every download of the process."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.free: list[memoryview] = []
+        self.lock = threading.Lock()
+
+    def take(self) -> memoryview:
+        with self.lock:
+            if self.free:
+                return self.free.pop()
+        return memoryview(bytearray(BLOCK))
+
+    def give(self, block: memoryview) -> None:
+        """``block`` back, once nothing reads or writes it any more."""
+        with self.lock:
+            if len(self.free) < self.keep:
+                self.free.append(block)
+
+
+_BLOCKS = _Blocks(KEPT_BLOCKS)
 
 
 class Stopped(Exception):
@@ -65,6 +94,9 @@ class _Parts:
         self.hashed = 0  # bytes hashed, from the start
         self.queued = 0  # the end of the bytes hashed or lent to be, from the start
         self.lent: deque[memoryview] = deque()
+        # Buffers of parts that ended with their last block still lent, by that block's end:
+        # back to the free list once it is hashed.
+        self.orphans: dict[int, memoryview] = {}
 
     def take(self) -> int | None:
         with self.cond:
@@ -99,6 +131,15 @@ class _Parts:
                     raise Stopped()
                 self.cond.wait()
 
+    def release(self, buffer: memoryview, end: int) -> None:
+        """A part is done with ``buffer``: back to the free list now, or once the bytes before
+        ``end`` are hashed when a block of it is still lent."""
+        with self.cond:
+            if self.hashed < end:
+                self.orphans[end] = buffer
+                return
+        _BLOCKS.give(buffer)
+
     def fail(self, exc: BaseException) -> None:
         with self.cond:
             if self.failed is None:
@@ -116,6 +157,8 @@ class _Parts:
                     if self.failed is not None:
                         raise self.failed
                     if self.hashed == self.size:
+                        if view is not None:
+                            _BLOCKS.give(view)
                         return
                     block = self.lent.popleft() if self.lent else None
                     prefix = self.size if self.first == len(self.parts) else \
@@ -130,16 +173,19 @@ class _Parts:
                 self.sha.update(block)
                 n = len(block)
             else:
-                view = view or memoryview(bytearray(HASH_READ))
+                view = view or _BLOCKS.take()
                 n = prefix - start
                 self._read_back(fd, view, start, prefix, what)
             with self.cond:
                 self.hashed += n
                 self.cond.notify_all()
+                orphan = self.orphans.pop(self.hashed, None)
+            if orphan is not None:
+                _BLOCKS.give(orphan)
 
     def _read_back(self, fd: int, view: memoryview, start: int, end: int, what: str) -> None:
         while start < end:
-            n = os.preadv(fd, [view[:min(HASH_READ, end - start)]], start)
+            n = os.preadv(fd, [view[:min(len(view), end - start)]], start)
             if n <= 0:
                 raise DigestMismatchError(f"{what}: a downloaded part vanished from its file "
                                           "before it was hashed; it was discarded")
@@ -201,7 +247,7 @@ class _Fetch:
         # A block lent to the calling thread to hash is not written again until it is hashed:
         # the part goes on in a second buffer meanwhile (only the part the hashed prefix ends
         # in lends its blocks, so only it has two).
-        buffers = [memoryview(bytearray(BLOCK))]
+        buffers = [_BLOCKS.take()]
         busy_until = [0]  # a lent buffer is free once every byte before this is hashed
         k = 0
         done = 0  # bytes of the range written
@@ -229,7 +275,7 @@ class _Fetch:
                     if parts is not None and parts.wrote(index, at, view[:filled], done):
                         busy_until[k] = at + filled
                         if len(buffers) == 1:
-                            buffers.append(memoryview(bytearray(BLOCK)))
+                            buffers.append(_BLOCKS.take())
                             busy_until.append(0)
                         k = (k + 1) % len(buffers)
                     if self.progress is not None:
@@ -237,6 +283,11 @@ class _Fetch:
                 if body.readinto(bytearray(1)):  # read to its end: the connection is kept
                     raise DigestMismatchError(f"{self.what}: the store's answer for bytes "
                                               f"{start}-{last} is longer; it was discarded")
+                for block, end in zip(buffers, busy_until, strict=True):
+                    if parts is None:
+                        _BLOCKS.give(block)
+                    else:  # a block still lent to be hashed goes back once it is
+                        parts.release(block, end)
                 return
             except self.retryable as exc:
                 if attempt == PART_ATTEMPTS - 1:

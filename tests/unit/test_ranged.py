@@ -209,3 +209,67 @@ def test_a_block_lent_to_be_hashed_is_not_overwritten_before_it_is(
     store = Store(data)
     assert _download(store, tmp_path / "f", len(data), part=4 * MiB, concurrency=2) == expected
     assert (tmp_path / "f").read_bytes() == data
+
+
+def test_blocks_are_kept_between_downloads_and_never_shared_while_in_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Downloads take their buffers from one bounded free list (a new 2 MiB buffer faults its
+    pages in): a second download makes no new buffer, and downloads running at once, their
+    hashing slowed so that lent blocks wait, each get their own bytes and digest."""
+    blocks = ranged._Blocks(ranged.KEPT_BLOCKS)
+    monkeypatch.setattr(ranged, "_BLOCKS", blocks)
+    made: list[int] = []
+    take = blocks.take
+
+    def counting() -> memoryview:
+        before = len(blocks.free)
+        block = take()
+        made.extend([1] if before == 0 else [])
+        return block
+
+    monkeypatch.setattr(blocks, "take", counting)
+    small = os.urandom(MiB + 5)  # one part: one buffer, handed back when it is done
+    for name in ("one", "two"):
+        _download(Store(small), tmp_path / name, len(small), part=2 * MiB)
+    assert len(made) == 1
+    # Parts side by side: how many buffers a download holds at once depends on the timing, but
+    # later downloads take them from the list rather than making as many again.
+    data = os.urandom(5 * MiB + 7)
+    _download(Store(data), tmp_path / "warm", len(data), part=2 * MiB, concurrency=2)
+    first = len(made)
+    for i in range(4):
+        assert _download(Store(data), tmp_path / f"again{i}", len(data), part=2 * MiB,
+                         concurrency=2) == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert len(made) - first <= first - 1
+    assert 0 < len(blocks.free) <= ranged.KEPT_BLOCKS
+
+    real = hashlib.sha256
+
+    class SlowSha:
+        def __init__(self) -> None:
+            self.sha = real()
+
+        def update(self, chunk: Any) -> None:
+            threading.Event().wait(0.002)
+            self.sha.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self.sha.hexdigest()
+
+    monkeypatch.setattr(ranged.hashlib, "sha256", SlowSha)
+    payloads = [os.urandom(7 * MiB + i) for i in range(6)]
+    got: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        got[i] = _download(Store(payloads[i]), tmp_path / f"p{i}", len(payloads[i]),
+                           part=2 * MiB, concurrency=3)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i, data in enumerate(payloads):
+        assert got[i] == "sha256:" + real(data).hexdigest()
+        assert (tmp_path / f"p{i}").read_bytes() == data
+    assert len(blocks.free) <= ranged.KEPT_BLOCKS
