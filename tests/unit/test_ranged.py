@@ -64,6 +64,25 @@ class Store:
         return announced, body
 
 
+def _slow_sha(delay: float) -> Any:
+    """A sha256 that waits ``delay`` seconds per update, so the parts' threads outrun the
+    hashing and lent blocks wait to be hashed."""
+    real = hashlib.sha256
+
+    class SlowSha:
+        def __init__(self) -> None:
+            self.sha = real()
+
+        def update(self, chunk: Any) -> None:
+            threading.Event().wait(delay)
+            self.sha.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self.sha.hexdigest()
+
+    return SlowSha
+
+
 def _download(store: Store, path: Path, size: int, part: int = MiB,
               concurrency: int = 4) -> str:
     with open(path, "w+b", buffering=0) as fh:
@@ -188,24 +207,9 @@ def test_a_failed_part_stops_the_others_before_the_download_returns(tmp_path: Pa
 
 def test_a_block_lent_to_be_hashed_is_not_overwritten_before_it_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = hashlib.sha256
     data = os.urandom(8 * MiB + 3)
-    expected = "sha256:" + real(data).hexdigest()
-
-    class SlowSha:
-        """sha256 that takes its time, so the parts' threads outrun the hashing."""
-
-        def __init__(self) -> None:
-            self.sha = real()
-
-        def update(self, data: Any) -> None:
-            threading.Event().wait(0.005)
-            self.sha.update(data)
-
-        def hexdigest(self) -> str:
-            return self.sha.hexdigest()
-
-    monkeypatch.setattr(ranged.hashlib, "sha256", SlowSha)
+    expected = "sha256:" + hashlib.sha256(data).hexdigest()
+    monkeypatch.setattr(ranged.hashlib, "sha256", _slow_sha(0.005))
     store = Store(data)
     assert _download(store, tmp_path / "f", len(data), part=4 * MiB, concurrency=2) == expected
     assert (tmp_path / "f").read_bytes() == data
@@ -244,19 +248,7 @@ def test_blocks_are_kept_between_downloads_and_never_shared_while_in_use(
     assert 0 < len(blocks.free) <= ranged.KEPT_BLOCKS
 
     real = hashlib.sha256
-
-    class SlowSha:
-        def __init__(self) -> None:
-            self.sha = real()
-
-        def update(self, chunk: Any) -> None:
-            threading.Event().wait(0.002)
-            self.sha.update(chunk)
-
-        def hexdigest(self) -> str:
-            return self.sha.hexdigest()
-
-    monkeypatch.setattr(ranged.hashlib, "sha256", SlowSha)
+    monkeypatch.setattr(ranged.hashlib, "sha256", _slow_sha(0.002))
     payloads = [os.urandom(7 * MiB + i) for i in range(6)]
     got: dict[int, str] = {}
 
