@@ -1,9 +1,9 @@
 """The Registry facade: every public call, each delegated. It holds its collaborators as fields
 and inherits from none: the catalog operations (:class:`registry.versions.Versions`, no torch),
-the signing calls (:class:`registry.signing.facade.Signing`) and the backend they share; the two
-pipelines (:mod:`registry.pipelines.push`, :mod:`registry.pipelines.pull`), the exports
-(:mod:`registry.exports.service`) and the OCI door (:mod:`registry.oci.door`) are functions over
-that backend and the settings."""
+the signing calls (:class:`registry.signing.facade.Signing`), the exports
+(:class:`registry.exports.service.Exports`), the OCI door (:class:`registry.oci.door.Door`) and
+the backend they share; the two pipelines (:mod:`registry.pipelines.push`,
+:mod:`registry.pipelines.pull`) are functions over that backend and the settings."""
 
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ class Registry:
         self._versions = Versions(uri, home=home, catalog=catalog, store=store, token=token)
         self.settings, self._backend = self._versions.settings, self._versions.backend
         self._signing = Signing(self.settings, self._backend)
+        self._exports, self._oci = (exports.Exports(self._backend, self.settings),
+                                    oci_door.Door(self._backend, self.settings))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._backend!r})"
@@ -181,7 +183,7 @@ class Registry:
         artifact's (``oci://HOST/REPO:TAG``) too, read from its manifest and signature layers
         where this registry pushed it, normalized as a pull does where another producer did."""
         if pulling.is_oci(ref):
-            record, listed = oci_door.described(str(ref), self.settings)
+            record, listed = self._oci.describe(str(ref))
             return with_signatures(self._backend, model_version(record), listed)
         return self._versions.show(ref)
 
@@ -204,9 +206,8 @@ class Registry:
         """Write ``ref`` to ``oci://HOST[:PORT]/REPO[:TAG]`` (tag default ``v<N>``) as a ModelPack
         artifact whose layers are its blobs, sending only layers the OCI registry lacks; plain
         HTTP goes only to loopback unless ``plain_http`` (registry/oci)."""
-        return oci_door.push(checked(self._backend.resolve(parse(ref))), target, self.settings,
-                             self._backend.blob_path, plain_http=plain_http,
-                             signatures=self._backend.signatures)
+        return self._oci.push(checked(self._backend.resolve(parse(ref))), target,
+                              plain_http=plain_http)
 
     def import_oci(self, source: str, name: str | None = None, *, plain_http: bool = False,
                    tags: Mapping[str, str] | None = None,
@@ -215,12 +216,10 @@ class Registry:
         its blobs keep their digests, another producer's artifact is normalized like a
         checkpoint directory (registry/oci)."""
         tag_map, alias_list = cast(dict[str, str], validate_tags(tags)), validate_aliases(aliases)
-        done = oci_door.import_artifact(
-            source, None if name is None else validate_name(name), self.settings,
-            self._backend.staging_dir(), self._backend.push,
+        done = self._oci.import_artifact(
+            source, None if name is None else validate_name(name),
             lambda d, n: self.push(d, n, tags=tag_map, aliases=alias_list),
-            plain_http=plain_http, tags=tag_map, aliases=alias_list,
-            signatures=self._backend.signatures)
+            plain_http=plain_http, tags=tag_map, aliases=alias_list)
         return done if isinstance(done, ModelVersion) else model_version(done.record,
                                                                          push=done.report())
 
@@ -258,7 +257,7 @@ class Registry:
         random inputs of ``input_shapes`` (or ``example_inputs``) and stored with the version;
         the same options return the stored one. ``dynamic_axes``: per input, the dims besides
         the batch dim whose size may vary. ``out``: a file or directory to write it to."""
-        return exports.export(self._backend, self.settings, ref, make_request(
+        return self._exports.export(ref, make_request(
             format, input_shapes=input_shapes, example_inputs=example_inputs,
             dynamic_batch=dynamic_batch, dynamic_axes=dynamic_axes, opset=opset, device=device,
             dtype=dtype, tolerance=tolerance), model, out)

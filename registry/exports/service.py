@@ -179,3 +179,17 @@ def _named_link(blob: Path, digest: str, suffix: str, directory: Path) -> Path:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return target
+
+
+@dataclasses.dataclass(frozen=True)
+class Exports:
+    """The exports of one registry, a field of :class:`registry.Registry`: :func:`export`
+    over its backend and settings."""
+
+    backend: Backend
+    settings: Settings
+
+    def export(self, ref: str | Ref, request: ExportRequest, model: Any = None,
+               out: str | os.PathLike[str] | None = None) -> Artifact:
+        """:func:`export` in this registry."""
+        return export(self.backend, self.settings, ref, request, model, out)

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..caching.cache import BlobCache
 from ..catalog.records import VersionRecord
@@ -34,6 +34,9 @@ from .refs import parse_oci_ref
 from .results import OciPush
 from .transport import OciClient
 from .unpack import Expansion
+
+if TYPE_CHECKING:
+    from ..backends import Backend
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +193,31 @@ def _import(artifact: Artifact, layers: LayerFetcher, client: OciClient, name: s
     if keep and store is not None:
         carried.copy_to(store, done.record.manifest)
     return done
+
+
+@dataclasses.dataclass(frozen=True)
+class Door:
+    """The OCI door of one registry, a field of :class:`registry.Registry`: its versions
+    pushed to OCI registries as ModelPack artifacts, artifacts imported as versions, and
+    artifacts described, over the registry's backend and settings."""
+
+    backend: Backend
+    settings: Settings
+
+    def describe(self, source: str) -> tuple[VersionRecord, list[dict[str, Any]]]:
+        """:func:`described`: the version an artifact holds and the signatures it lists."""
+        return described(source, self.settings)
+
+    def push(self, record: VersionRecord, target: str, *, plain_http: bool) -> OciPush:
+        """:func:`push` of a resolved, checked ``record`` with the signatures it has here."""
+        return push(record, target, self.settings, self.backend.blob_path,
+                    plain_http=plain_http, signatures=self.backend.signatures)
+
+    def import_artifact(self, source: str, name: str | None,
+                        push_directory: Callable[[Path, str], Any], *, plain_http: bool,
+                        tags: dict[str, str], aliases: Sequence[str]) -> Any:
+        """:func:`import_artifact` into this registry: committed by its backend's push, or
+        pushed as a checkpoint directory by ``push_directory``."""
+        return import_artifact(source, name, self.settings, self.backend.staging_dir(),
+                               self.backend.push, push_directory, plain_http=plain_http,
+                               tags=tags, aliases=aliases, signatures=self.backend.signatures)
