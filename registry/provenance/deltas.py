@@ -15,11 +15,17 @@ An element counts as changed when ``b - a`` is not zero, except that one whose b
 both is unchanged even when it is NaN or infinite (NaN - NaN is NaN): the same rule as a shard's
 digest, at an element's size. So +0.0 against -0.0 is unchanged, and a NaN that appears, goes or
 changes its bits is a change whose norms are NaN (``null`` in JSON).
+
+A diff with at least ``KERNEL_FROM`` elements to compare does each piece in one pass instead
+(registry/provenance/kernel.py, compiled by numba): the sums at the speed the bytes are read,
+where the numpy passes cost about twice that. A piece the kernel finds a NaN or infinity in is
+done again by the numpy passes, which hold the rule above.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import threading
@@ -40,6 +46,13 @@ CHUNK = 1 << 17
 PIECE = 1 << 20
 # Threads comparing pieces. More cores read memory faster, up to the memory's bandwidth.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Elements a diff compares from which the one-pass kernel is loaded (64 MiB of float32 a side).
+# Loading it costs a new process ~0.3 s (the first on a machine ~1 s, numba's compile): ~10 GB
+# of numpy passes, so a small diff never waits for it, and a process that loaded it for a large
+# one keeps it for every diff after.
+KERNEL_FROM = 1 << 24
+# Elements the kernel keeps their difference of between its two loops (4 KiB: in L1).
+BLOCK = 1024
 _ABS = np.int32(0x7FFFFFFF)  # a float32's bits without its sign: |x|, ordered as integers
 _INF = 0x7F800000  # |x| bits at or above this: inf or NaN
 
@@ -85,6 +98,40 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
 
 
 _MEMCMP = _libc_memcmp()
+_log = logging.getLogger(__name__)
+
+Kernel = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[float, float, int, int]]
+
+
+class _Loaded:
+    """The kernel once loaded (None where it could not be), under a lock: threads wait for one
+    compile rather than each starting its own."""
+
+    lock = threading.Lock()
+    tried = False
+    kernel: Kernel | None = None
+
+
+def fused(elements: int) -> Kernel | None:
+    """The one-pass kernel for a diff of ``elements``: loaded (and compiled the first time)
+    when they reach ``KERNEL_FROM``, or already loaded by an earlier diff; None below that, or
+    where numba cannot load it (the numpy passes compute the same sums)."""
+    if _Loaded.tried or elements < KERNEL_FROM:
+        return _Loaded.kernel
+    with _Loaded.lock:
+        if not _Loaded.tried:
+            try:
+                from . import kernel
+
+                probe = np.ones(2, dtype=np.float32)  # compiled (or read from disk) here, once
+                kernel.sums(probe, probe, np.empty(BLOCK, dtype=np.float32))
+                _Loaded.kernel = kernel.sums
+            except Exception as exc:  # noqa: BLE001 - any failure: the numpy passes instead
+                _log.warning("the diff's compiled kernel did not load (%s: %s); comparing "
+                             "with numpy passes, about half the speed", type(exc).__name__,
+                             exc)
+            _Loaded.tried = True
+    return _Loaded.kernel
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor, start: int = 0, stop: int | None = None) -> bool:
@@ -107,7 +154,9 @@ class Scratch:
     whose pages fault in as it is first written: made for each piece, they cost an 806 MB diff
     ~13 ms of CPU, more than reading one of its shards."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: Kernel | None = None) -> None:
+        self.kernel = kernel
+        self.block = np.empty(BLOCK, dtype=np.float32)
         self.delta = np.empty(CHUNK, dtype=np.float32)
         self.zeros = np.zeros(0, dtype=np.float32)
         self.wide: list[torch.Tensor] = []
@@ -146,6 +195,10 @@ def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int,
     """Sums of ``b - a`` over elements ``start:stop`` of the flat CPU tensors (``a`` None: from
     zero, and no norm of ``a``), in ``scratch``'s buffers (new ones if None)."""
     scratch = scratch if scratch is not None else Scratch()
+    if a is not None and scratch.kernel is not None:
+        found = _fused_sums(scratch.kernel, a, b, start, stop, scratch)
+        if found is not None:
+            return found
     sums = Sums(numel=stop - start)
     left = _Float32(a, scratch, 0) if a is not None else None
     right = _Float32(b, scratch, 1)
@@ -186,6 +239,28 @@ def piece_sums(a: torch.Tensor | None, b: torch.Tensor, start: int, stop: int,
     return sums
 
 
+def _fused_sums(kernel: Kernel, a: torch.Tensor, b: torch.Tensor, start: int, stop: int,
+                scratch: Scratch) -> Sums | None:
+    """``piece_sums`` by the one-pass kernel: the piece at once where both sides are float32,
+    else chunk by chunk as they are widened; None if it holds a NaN or an infinity."""
+    left, right = _Float32(a, scratch, 0), _Float32(b, scratch, 1)
+    step = stop - start if left.view is not None and right.view is not None else CHUNK
+    sums = Sums(numel=stop - start)
+    top = 0
+    for begin in range(start, stop, step):
+        end = min(begin + step, stop)
+        base2, delta2, differ, high = kernel(left.chunk(begin, end), right.chunk(begin, end),
+                                             scratch.block)
+        if high >= _INF:
+            return None
+        sums.base2 += base2
+        sums.delta2 += delta2
+        sums.differ += differ
+        top = max(top, int(high))
+    sums.max_abs = float(np.int32(top).view(np.float32))
+    return sums
+
+
 Pair = tuple[torch.Tensor | None, torch.Tensor]
 Job = tuple[int, int, int]  # pair, first element, end
 
@@ -204,7 +279,8 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
             return None
         return piece_sums(a, b, begin, end, scratch)
 
-    done = _shared_out(run, jobs, workers)
+    elements = sum(b.numel() for a, b in flat if a is not None)
+    done = _shared_out(run, jobs, workers, fused(elements))
     out: list[Sums | None] = [None] * len(flat)
     parts: dict[int, list[tuple[int, int, Sums | None]]] = {}
     for (i, begin, end), sums in zip(jobs, done, strict=True):
@@ -225,7 +301,7 @@ def compare(pairs: Sequence[Pair], *, workers: int = WORKERS) -> list[Sums | Non
 
 
 def _shared_out(run: Callable[[Job, Scratch], Sums | None], jobs: list[Job],
-                workers: int) -> list[Sums | None]:
+                workers: int, kernel: Kernel | None = None) -> list[Sums | None]:
     """``run`` of every job, the largest first, by this thread and ``workers - 1`` others.
 
     The caller works too, and no pool outlives the call: starting a thread costs ~0.1 ms on a
@@ -237,7 +313,7 @@ def _shared_out(run: Callable[[Job, Scratch], Sums | None], jobs: list[Job],
 
     def work() -> None:
         try:
-            scratch = Scratch()
+            scratch = Scratch(kernel)
             for j in order:  # next() on a shared iterator is atomic under the GIL
                 done[j] = run(jobs[j], scratch)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below

@@ -28,6 +28,18 @@ def _check(sums: deltas.Sums | None, a: torch.Tensor, b: torch.Tensor) -> None:
     assert sums.differ == differ and sums.numel == a.numel()
 
 
+@pytest.fixture(autouse=True, params=["kernel", "numpy"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both paths: the compiled one-pass kernel, loaded for any size here (numba
+    is a dependency: it must load), and the numpy passes it falls back to."""
+    if request.param == "kernel":
+        monkeypatch.setattr(deltas, "KERNEL_FROM", 0)
+        assert deltas.fused(0) is not None
+    else:
+        monkeypatch.setattr(deltas, "fused", lambda elements: None)
+    return str(request.param)
+
+
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of 1,000 elements and pieces of 4,000, so small tensors cross both."""
