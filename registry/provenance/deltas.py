@@ -16,10 +16,11 @@ both is unchanged even when it is NaN or infinite (NaN - NaN is NaN): the same r
 digest, at an element's size. So +0.0 against -0.0 is unchanged, and a NaN that appears, goes or
 changes its bits is a change whose norms are NaN (``null`` in JSON).
 
-A diff with at least ``KERNEL_FROM`` elements to compare does each piece in one pass instead
-(registry/provenance/kernel.py, compiled by numba): the sums at the speed the bytes are read,
-where the numpy passes cost about twice that. A piece the kernel finds a NaN or infinity in is
-done again by the numpy passes, which hold the rule above.
+A process whose diffs have compared ``KERNEL_FROM`` elements, or that starts a diff that
+large, does each piece in one pass instead (registry/provenance/kernel.py, compiled by numba):
+the sums at the speed the bytes are read, where the numpy passes cost about twice that. A
+piece the kernel finds a NaN or infinity in is done again by the numpy passes, which hold the
+rule above.
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ CHUNK = 1 << 17
 PIECE = 1 << 20
 # Threads comparing pieces. More cores read memory faster, up to the memory's bandwidth.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-# Elements a diff compares from which the one-pass kernel is loaded (64 MiB of float32 a side).
-# Loading it costs a new process ~0.3 s (the first on a machine ~1 s, numba's compile): ~10 GB
-# of numpy passes, so a small diff never waits for it, and a process that loaded it for a large
-# one keeps it for every diff after.
-KERNEL_FROM = 1 << 24
+# Elements (of one side) at which a process loads the one-pass kernel: for a diff that large,
+# or once its diffs have compared that many by numpy passes. Loading costs a new process
+# 0.5-0.8 s (numba's import and its cache read; the first time on a machine ~1 s more, its
+# compile), what the kernel saves over ~3 Gi elements (0.48 against 0.27 ns an element here):
+# a diff of one 806 MB model from the CLI stays 0.7 s faster without it, and a process that
+# keeps diffing (a server, a notebook) pays it once, when it has lost as much without it.
+KERNEL_FROM = 1 << 31
 # Elements the kernel keeps their difference of between its two loops (4 KiB: in L1).
 BLOCK = 1024
 _ABS = np.int32(0x7FFFFFFF)  # a float32's bits without its sign: |x|, ordered as integers
@@ -110,28 +113,35 @@ class _Loaded:
     lock = threading.Lock()
     tried = False
     kernel: Kernel | None = None
+    compared = 0  # elements the numpy passes were handed in this process
 
 
 def fused(elements: int) -> Kernel | None:
-    """The one-pass kernel for a diff of ``elements``: loaded (and compiled the first time)
-    when they reach ``KERNEL_FROM``, or already loaded by an earlier diff; None below that, or
-    where numba cannot load it (the numpy passes compute the same sums)."""
-    if _Loaded.tried or elements < KERNEL_FROM:
-        return _Loaded.kernel
+    """The one-pass kernel for a diff of ``elements``, loaded (compiled the first time) when
+    they, or with them the elements this process's numpy passes compared before, reach
+    ``KERNEL_FROM``; None before that (the numpy passes compute the same sums), or where numba
+    cannot load it."""
     with _Loaded.lock:
         if not _Loaded.tried:
-            try:
-                from . import kernel
-
-                probe = np.ones(2, dtype=np.float32)  # compiled (or read from disk) here, once
-                kernel.sums(probe, probe, np.empty(BLOCK, dtype=np.float32))
-                _Loaded.kernel = kernel.sums
-            except Exception as exc:  # noqa: BLE001 - any failure: the numpy passes instead
-                _log.warning("the diff's compiled kernel did not load (%s: %s); comparing "
-                             "with numpy passes, about half the speed", type(exc).__name__,
-                             exc)
+            if _Loaded.compared + elements < KERNEL_FROM:
+                _Loaded.compared += elements
+                return None
+            _Loaded.kernel = _load()
             _Loaded.tried = True
     return _Loaded.kernel
+
+
+def _load() -> Kernel | None:
+    try:
+        from . import kernel
+
+        probe = np.ones(2, dtype=np.float32)  # compiled (or read from disk) here, once
+        kernel.sums(probe, probe, np.empty(BLOCK, dtype=np.float32))
+        return kernel.sums
+    except Exception as exc:  # noqa: BLE001 - any failure: the numpy passes instead
+        _log.warning("the diff's compiled kernel did not load (%s: %s); comparing with numpy "
+                     "passes, about half the speed", type(exc).__name__, exc)
+        return None
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor, start: int = 0, stop: int | None = None) -> bool:

@@ -9,9 +9,10 @@ changed and keeps the largest ``|d|``, both as integers. On 269 MB of float32 th
 than an OR over every word of the same bytes.
 
 Compiled on first use in a process and cached on disk by numba (``cache=True``: beside this
-file, or in the user's cache when this file's folder is read-only): ~1 s the first time on a
-machine, ~0.3 s to load in each new process after. ``deltas.fused`` loads it only for a diff
-large enough that this is small beside it, and falls back to numpy where numba cannot load.
+file, or in the user's cache when this file's folder is read-only): ~1 s more the first time on
+a machine, 0.5-0.8 s to import and load in each new process after. ``deltas.fused`` loads it
+once a process's diffs have lost that much without it, and keeps the numpy passes where numba
+cannot load.
 
 ``fastmath`` lets the sums be reordered into lanes (``reassoc``) and nothing else that
 changes a value: no ``nnan``/``ninf``, so NaN and infinities are what IEEE makes them, and the

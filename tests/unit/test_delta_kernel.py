@@ -19,6 +19,7 @@ def unloaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as if no diff had loaded the kernel yet."""
     monkeypatch.setattr(deltas._Loaded, "tried", False)
     monkeypatch.setattr(deltas._Loaded, "kernel", None)
+    monkeypatch.setattr(deltas._Loaded, "compared", 0)
 
 
 def test_a_small_diff_never_imports_numba() -> None:
@@ -34,10 +35,22 @@ def test_a_small_diff_never_imports_numba() -> None:
 def test_a_large_diff_loads_the_kernel_once_and_later_diffs_keep_it(
         unloaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deltas, "KERNEL_FROM", 1_000)
-    assert deltas.fused(999) is None and not deltas._Loaded.tried
+    assert deltas.fused(10) is None and not deltas._Loaded.tried
     kernel = deltas.fused(1_000)
     assert kernel is not None
     assert deltas.fused(1) is kernel  # loaded: small diffs use it too
+
+
+def test_small_diffs_load_the_kernel_once_they_have_compared_as_much_by_numpy(
+        unloaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deltas, "KERNEL_FROM", 1_000)
+    a = torch.randn(300)
+    for _ in range(3):  # 900 elements by numpy passes
+        assert deltas.compare([(a, a + 1)])[0] is not None
+    assert not deltas._Loaded.tried and deltas._Loaded.compared == 900
+    assert deltas.fused(99) is None  # 999: not yet
+    kernel = deltas.fused(1)  # the thousandth element: this diff loads it
+    assert kernel is not None and deltas.fused(1) is kernel
 
 
 def test_a_kernel_that_cannot_load_leaves_the_numpy_passes(

@@ -73,8 +73,8 @@ LAZY_OWN_IMPORTS: dict[tuple[str, str], tuple[int, str]] = {
     # The server serves the Hub door without torch; a derived revision (a dtype variant, a
     # torchao or adapter directory) is written by save_pretrained's writer, loaded on first use.
     ("registry.doors.hf", "registry.doors.hfderive"): (1, "a derived revision needs torch"),
-    # numba loads (~0.3 s) only for a diff large enough to gain from its compiled pass.
-    ("registry.provenance.deltas", "registry.provenance.kernel"): (1, "fused: a large diff"),
+    # numba loads (0.5-0.8 s) only once a process's diffs have compared 2 Gi elements.
+    ("registry.provenance.deltas", "registry.provenance.kernel"): (1, "the diff's numba pass"),
 }
 
 
