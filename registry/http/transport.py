@@ -215,7 +215,7 @@ class Transport:
         url, direct = target_url(self.url, link)
         with transfer(size, f"pull {digest[7:19]}") as progress, \
                 open_emptied(tmp) as fh:
-            out = HashingWriter(fh)
+            out = HashingWriter(fh, gather=size)
             for attempt in range(DOWNLOAD_ATTEMPTS):
                 headers = {"Range": f"bytes={out.written}-"} if out.written else {}
                 try:
@@ -232,7 +232,7 @@ class Transport:
                             # The range was ignored: the whole blob comes again.
                             fh.seek(0)
                             fh.truncate()
-                            out = HashingWriter(fh)
+                            out = HashingWriter(fh, gather=size)
                         for chunk in response.iter_bytes():  # as received: no re-chunking copies
                             if out.written + len(chunk) > size:  # the manifest's size ends it
                                 raise DigestMismatchError(

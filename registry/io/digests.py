@@ -91,17 +91,24 @@ class HashingWriter:
     part of it must wait for the next block, since its owner may reuse it. (An 8 MiB buffer per
     writer cost 4 ms a 17 MiB shard in fresh pages, a tenth of a cold S3 pull of 6 shards.)
 
+    ``gather=n`` (a stream of about ``n`` bytes in small pieces, an HTTP body's 64 KiB reads)
+    copies the pieces into one buffer of up to a block instead: 128 pieces held until their
+    block is written are freed together, and glibc's malloc gives such a stretch back to the
+    kernel and faults it in again for the next block (page faults were most of an 806 MB
+    download's time: system 1.0-1.8 s against 0.4 s gathered).
+
     Non-seekable on purpose: s3transfer then hands over downloaded parts in order, so the hash
     runs alongside the download instead of in a second pass. Use it as a context manager (or
     call :meth:`close`): until then up to a block of what was written is held here.
     """
 
-    def __init__(self, fh: Any) -> None:
+    def __init__(self, fh: Any, *, gather: int = 0) -> None:
         self._fh = fh
         self._sha = hashlib.sha256()
         self._held: list[memoryview] = []
         self._held_bytes = 0
         self._block = BLOCK - (fh.tell() % BLOCK if fh.seekable() else 0)  # the first ends early
+        self._buffer = memoryview(bytearray(min(gather, BLOCK))) if gather > 0 else None
         self.written = 0  # bytes taken, held ones included
 
     def __enter__(self) -> HashingWriter:
@@ -115,6 +122,10 @@ class HashingWriter:
         view = memoryview(data).cast("B")
         taken = len(view)
         self._sha.update(view)
+        if self._buffer is not None:
+            self._gather(view, self._buffer)
+            self.written += taken
+            return taken
         stable = isinstance(data, bytes)
         while view:
             if self._held_bytes + len(view) < self._block:
@@ -134,8 +145,22 @@ class HashingWriter:
         self.written += taken
         return taken
 
+    def _gather(self, view: memoryview, buffer: memoryview) -> None:
+        while view:
+            n = min(len(view), self._block - self._held_bytes, len(buffer) - self._held_bytes)
+            buffer[self._held_bytes:self._held_bytes + n] = view[:n]
+            self._held_bytes += n
+            view = view[n:]
+            if self._held_bytes in (self._block, len(buffer)):
+                self._write_all([buffer[:self._held_bytes]])
+                self._held_bytes = 0
+                self._block = BLOCK
+
     def close(self) -> None:
         """Write what is held (the last, partial block)."""
+        if self._buffer is not None and self._held_bytes:
+            self._write_all([self._buffer[:self._held_bytes]])
+            self._held_bytes = 0
         if self._held:
             self._write_all(self._held)
             self._held.clear()
@@ -159,7 +184,7 @@ class HashingWriter:
 
     def digest(self) -> str:
         """The sha256 of every byte written; only once they are all in the file."""
-        if self._held:
+        if self._held_bytes:
             raise RuntimeError("HashingWriter.digest() before close(): "
                                f"{self._held_bytes} bytes are not in the file yet")
         return f"sha256:{self._sha.hexdigest()}"

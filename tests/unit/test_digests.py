@@ -101,6 +101,33 @@ def test_a_hashing_writer_writes_whole_aligned_blocks_and_the_tail_at_close(
     assert writes == [(0, BLOCK), (BLOCK, BLOCK), (2 * BLOCK, BLOCK), (3 * BLOCK, 12_345)]
 
 
+@pytest.mark.parametrize("expected", [3 * BLOCK + 12_345, 100_000])
+def test_a_gathering_writer_copies_pieces_into_one_buffer_and_writes_aligned_blocks(
+        tmp_path: Path, writes: list[tuple[int, int]], expected: int) -> None:
+    """``gather=``: what an HTTP body's 64 KiB reads go through. Every piece is copied into one
+    buffer (a piece's owner may reuse it at once), blocks still reach the file whole at
+    aligned offsets, and a buffer sized for a smaller stream than arrives still writes it all
+    (the caller bounds the stream; this writer never loses a byte)."""
+    data = os.urandom(3 * BLOCK + 12_345)
+    path = tmp_path / "out"
+    reused = bytearray(64 * 1024)
+    with open(path, "wb", buffering=0) as fh, HashingWriter(fh, gather=expected) as out:
+        for at in range(0, len(data), len(reused)):
+            piece = data[at:at + len(reused)]
+            reused[:len(piece)] = piece
+            assert out.write(memoryview(reused)[:len(piece)]) == len(piece)
+            reused[:] = bytes(len(reused))  # the owner reuses it before any block is full
+        assert out.written == len(data)
+        with pytest.raises(RuntimeError, match="before close"):
+            out.digest()
+    assert path.read_bytes() == data
+    assert out.digest() == "sha256:" + hashlib.sha256(data).hexdigest()
+    if expected > BLOCK:
+        assert writes == [(0, BLOCK), (BLOCK, BLOCK), (2 * BLOCK, BLOCK), (3 * BLOCK, 12_345)]
+    else:  # the buffer holds 100,000 bytes: written each time it fills
+        assert sum(n for _, n in writes) == len(data) and max(n for _, n in writes) == expected
+
+
 def test_a_hashing_writer_on_a_file_opened_mid_block_ends_its_first_write_at_the_boundary(
         tmp_path: Path, writes: list[tuple[int, int]]) -> None:
     path = tmp_path / "out"
